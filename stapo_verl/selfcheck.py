@@ -1,0 +1,5 @@
+"""Start-up self-checks (placeholder, being written)."""
+
+
+def install_validate_config_hook():
+    return None

@@ -1,0 +1,5 @@
+"""Worker hooks (placeholder, being written)."""
+
+
+def install():
+    return None
