@@ -1,5 +1,108 @@
-"""Start-up self-checks (placeholder, being written)."""
+"""Cross-key validation of a STAPO run, executed inside verl's own ``validate_config``.
+
+``main_ppo`` calls ``verl.utils.config.validate_config(config, ...)`` on the driver before any worker starts;
+the plugin wraps that function (module attribute, no file edit) so a STAPO misconfiguration fails there with a
+message naming the key. Per-key range checks live in :class:`stapo_verl.config.StapoPolicyLossConfig`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from stapo_verl import STAPO_LOSS_MODES
+from stapo_verl.config import STATS_SOURCES, StapoConfigError, check_registered
+
+logger = logging.getLogger(__name__)
+
+_TARGET = "stapo_verl.config.StapoPolicyLossConfig"
+_ACTOR = "actor_rollout_ref.actor"
 
 
-def install_validate_config_hook():
-    return None
+def _get(cfg, dotted: str, default=None):
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        try:
+            node = node.get(part, None) if hasattr(node, "get") else getattr(node, part, None)
+        except Exception:  # omegaconf struct errors on missing keys
+            return default
+    return default if node is None else node
+
+
+def needs_current_entropy(loss_mode: str, stats_source: str) -> bool:
+    """True if the loss reads current-policy entropy (so ``actor.calculate_entropy`` must be True)."""
+    return loss_mode == "top_entropy" or stats_source == "current_micro_batch"
+
+
+def validate_stapo_config(config) -> None:
+    """Check the keys a STAPO loss mode depends on; no-op for other loss modes.
+
+    Args:
+        config: the full composed trainer config (OmegaConf DictConfig of ``ppo_trainer``).
+    Raises:
+        StapoConfigError: ``_target_`` missing, ``actor.calculate_entropy`` inconsistent with the statistics
+            source, old-policy route without the v1 trainer's old-log-prob pass, or distillation enabled.
+        stapo_verl.config.StapoNotRegisteredError: the loss is ours but not registered in this process.
+    Source: verl_notes §5–6, bugs D15/D16/D19/D20; spec §10 A3.
+    """
+    pl = _get(config, f"{_ACTOR}.policy_loss")
+    loss_mode = _get(pl, "loss_mode", "vanilla")
+    if loss_mode not in STAPO_LOSS_MODES:
+        return
+    check_registered(loss_mode)
+    target = _get(pl, "_target_", "")
+    if target != _TARGET:
+        raise StapoConfigError(
+            f"{_ACTOR}.policy_loss.loss_mode={loss_mode} needs {_ACTOR}.policy_loss._target_={_TARGET} "
+            f"(got {target!r}); without it the STAPO keys (tau_p, entropy_quantile, ...) are rejected by verl"
+        )
+    stats_source = _get(pl, "stats_source", "old_policy")
+    if stats_source not in STATS_SOURCES:
+        raise StapoConfigError(f"{_ACTOR}.policy_loss.stats_source={stats_source!r}: allowed {list(STATS_SOURCES)}")
+    calc_entropy = bool(_get(config, f"{_ACTOR}.calculate_entropy", False))
+    if needs_current_entropy(loss_mode, stats_source) and not calc_entropy:
+        why = "top_entropy (20-Entropy)" if loss_mode == "top_entropy" else "stats_source=current_micro_batch"
+        raise StapoConfigError(
+            f"{why} reads the current-policy entropy: set {_ACTOR}.calculate_entropy=True (got False)"
+        )
+    if not needs_current_entropy(loss_mode, stats_source):
+        if not bool(_get(config, "trainer.use_v1", True)):
+            raise StapoConfigError(
+                "stats_source=old_policy uses the old-policy entropy of verl's v1 trainer: set trainer.use_v1=True "
+                "or use +actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch"
+            )
+        if bool(_get(config, "algorithm.rollout_correction.bypass_mode", False)):
+            raise StapoConfigError(
+                "stats_source=old_policy needs verl's old-log-prob pass, which "
+                "algorithm.rollout_correction.bypass_mode=True skips: set it to False or use "
+                "stats_source=current_micro_batch"
+            )
+        if calc_entropy:
+            logger.warning(
+                "%s.calculate_entropy=True is not needed by stats_source=old_policy: it makes verl compute a "
+                "gradient-carrying entropy in every training forward (memory, D20). Set it to False.",
+                _ACTOR,
+            )
+    if _get(config, "distillation.enabled", False):
+        raise StapoConfigError(f"loss_mode={loss_mode} is not supported together with distillation.enabled=True")
+    if float(_get(config, f"{_ACTOR}.entropy_coeff", 0.0) or 0.0) != 0.0:
+        logger.warning("STAPO is defined without an entropy bonus; %s.entropy_coeff is non-zero (D19).", _ACTOR)
+
+
+def install_validate_config_hook() -> None:
+    """Wrap ``verl.utils.config.validate_config`` so it also runs :func:`validate_stapo_config` first."""
+    import verl.utils.config as vcfg
+
+    orig = vcfg.validate_config
+    if getattr(orig, "__stapo_wrapped__", False):
+        return
+
+    @functools.wraps(orig)
+    def validate_config(config, *args, **kwargs):
+        validate_stapo_config(config)
+        return orig(config, *args, **kwargs)
+
+    validate_config.__stapo_wrapped__ = True
+    vcfg.validate_config = validate_config

@@ -1,0 +1,425 @@
+"""Token-in/token-out generation server on CPU with Hugging Face ``transformers``.
+
+Mirrors the server half of verl's vLLM backend (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``:
+``generate`` at 558-758, control methods at 832-926) without HTTP/ZMQ: a Ray actor holds its own HF copy of
+the policy, samples with its own loop (so the returned log-probs are exactly ``log_softmax`` of the
+processed logits), micro-batches concurrent requests that share sampling settings, and takes new weights
+through the Ray object store (:meth:`CPURolloutServer.update_weights`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    """Read ``key`` from a dataclass, DictConfig or dict (verl hands either, depending on the caller)."""
+    if cfg is None:
+        return default
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    try:
+        return cfg.get(key, default)  # DictConfig and verl's BaseConfig both implement .get
+    except Exception:
+        return getattr(cfg, key, default)
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Sampling settings of one request, normalised to verl/vLLM semantics.
+
+    Attributes:
+        temperature: 0 → greedy (argmax); > 0 divides the logits.
+        top_p: nucleus threshold in (0, 1]; 1 → off.
+        top_k: keep the k largest logits; ``-1`` or ``0`` → off (vLLM's "disabled").
+        logprobs: return one log-prob per generated token.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    logprobs: bool = False
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> "SamplingSettings":
+        """Build from the agent loop's ``sampling_params`` dict (``verl/trainer/ppo/v1/agent_loop_tq.py:64-70``).
+
+        Raises:
+            ValueError: a key with an invalid value (message names key and value), or ``n`` > 1 (the agent
+                loop expands ``rollout.n`` into separate calls, so a server-side n would be a bug), or a
+                ``repetition_penalty`` other than 1.0 (not implemented).
+        """
+        temperature = float(params.get("temperature", 1.0))
+        if temperature < 0:
+            raise ValueError(f"sampling_params['temperature']={temperature!r}: must be >= 0")
+        top_p = float(params.get("top_p", 1.0))
+        if not (0.0 < top_p <= 1.0):
+            raise ValueError(f"sampling_params['top_p']={top_p!r}: must be in (0, 1]")
+        top_k = params.get("top_k", -1)
+        top_k = -1 if top_k is None else int(top_k)
+        if top_k < -1:
+            raise ValueError(f"sampling_params['top_k']={top_k!r}: must be -1 (off), 0 (off) or > 0")
+        n = int(params.get("n", 1) or 1)
+        if n != 1:
+            raise ValueError(f"sampling_params['n']={n!r}: the CPU server returns one sequence per call")
+        rep = float(params.get("repetition_penalty", 1.0) or 1.0)
+        if rep != 1.0:
+            raise ValueError(f"sampling_params['repetition_penalty']={rep!r}: only 1.0 is supported on CPU")
+        return cls(temperature=temperature, top_p=top_p, top_k=0 if top_k in (-1, 0) else top_k,
+                   logprobs=bool(params.get("logprobs", False)))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def process_logits(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
+    """Apply temperature, top-k and top-p to raw next-token logits, in vLLM's order.
+
+    Args:
+        logits: float tensor ``[B, V]`` (raw last-position logits).
+        s: the request's :class:`SamplingSettings`. Greedy requests are returned unscaled (their log-probs
+            are those of the raw distribution, like vLLM at temperature 0).
+    Returns:
+        float32 tensor ``[B, V]``; filtered entries are ``-inf``. ``log_softmax`` of it is the
+        "processed_logprobs" distribution verl's default ``rollout.logprobs_mode`` expects.
+    """
+    x = logits.float()
+    if s.greedy:
+        return x
+    if s.temperature != 1.0:
+        x = x / s.temperature
+    if s.top_k > 0 and s.top_k < x.shape[-1]:
+        kth = torch.topk(x, s.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if s.top_p < 1.0:
+        sorted_x, idx = torch.sort(x, dim=-1, descending=False)
+        cum = torch.softmax(sorted_x, dim=-1).cumsum(dim=-1)
+        drop = cum <= (1.0 - s.top_p)
+        drop[..., -1] = False  # always keep the most likely token
+        x = x.masked_fill(drop.scatter(-1, idx, drop), float("-inf"))
+    return x
+
+
+def derive_max_tokens(prompt_len: int, prompt_length: int, response_length: int,
+                      max_model_len: Optional[int], params: dict[str, Any]) -> int:
+    """Number of tokens a request may generate, derived like vLLM (``vllm_async_server.py:589-620``).
+
+    ``max_tokens`` / ``max_new_tokens`` in ``params`` win; otherwise
+    ``min(response_length, prompt_length + response_length - prompt_len)``; then clamped to
+    ``[1, max_model_len - prompt_len]`` with ``max_model_len`` defaulting to ``prompt_length + response_length``.
+
+    Raises:
+        ValueError: the prompt leaves no room for a single token.
+    """
+    max_model_len = int(max_model_len or (prompt_length + response_length))
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise ValueError(f"prompt of {prompt_len} tokens leaves no room within max_model_len={max_model_len}")
+    if params.get("max_tokens") is not None:
+        mt = int(params["max_tokens"])
+    elif params.get("max_new_tokens") is not None:
+        mt = int(params["max_new_tokens"])
+    else:
+        mt = min(response_length, prompt_length + response_length - prompt_len)
+    return max(1, min(mt, room))
+
+
+class HFGenerator:
+    """Batched sampler over a Hugging Face causal LM (KV cache, left padding).
+
+    Args:
+        model: a ``transformers`` causal LM on CPU, in eval mode.
+        eos_token_ids: ids that end a sequence (the EOS is included in the output, as vLLM does).
+        pad_token_id: id used for left padding of the prompt batch.
+        seed: seed of the sampling generator (each call advances it).
+    """
+
+    def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, seed: int = 0):
+        self.model = model
+        self.eos = torch.tensor(sorted(set(int(e) for e in eos_token_ids)), dtype=torch.long)
+        self.pad_token_id = int(pad_token_id)
+        self.rng = torch.Generator().manual_seed(int(seed))
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_tokens: list[int], s: SamplingSettings
+                 ) -> list[tuple[list[int], Optional[list[float]]]]:
+        """Generate one continuation per prompt.
+
+        Args:
+            prompts: B token-id lists (no padding).
+            max_tokens: per-prompt generation limits (>= 1).
+            s: shared sampling settings.
+        Returns:
+            B pairs ``(token_ids, log_probs)``; ``token_ids`` ends with the EOS when generation stopped on it,
+            ``log_probs`` is ``None`` unless ``s.logprobs``.
+        """
+        B = len(prompts)
+        lens = torch.tensor([len(p) for p in prompts])
+        T = int(lens.max())
+        ids = torch.full((B, T), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, T - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        limits = torch.tensor(max_tokens)
+        steps = int(limits.max())
+        out_tok = torch.full((B, steps), self.pad_token_id, dtype=torch.long)
+        out_lp = torch.zeros((B, steps), dtype=torch.float32)
+        done = torch.zeros(B, dtype=torch.bool)
+        n_gen = torch.zeros(B, dtype=torch.long)
+        past = None
+        cur_ids, cur_pos = ids, pos
+        for t in range(steps):
+            out = self.model(input_ids=cur_ids, attention_mask=mask, position_ids=cur_pos,
+                             past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            x = process_logits(out.logits[:, -1, :], s)
+            if s.greedy:
+                nxt = torch.argmax(x, dim=-1)
+            else:
+                nxt = torch.multinomial(torch.softmax(x, dim=-1), 1, generator=self.rng).squeeze(-1)
+            lp = torch.log_softmax(x, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)
+            active = ~done
+            out_tok[active, t] = nxt[active]
+            out_lp[active, t] = lp[active]
+            n_gen += active.long()
+            done = done | torch.isin(nxt, self.eos) | (n_gen >= limits)
+            if bool(done.all()):
+                break
+            cur_ids = nxt[:, None]
+            cur_pos = cur_pos[:, -1:] + 1
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=-1)
+        results = []
+        for i in range(B):
+            k = int(n_gen[i])
+            toks = out_tok[i, :k].tolist()
+            results.append((toks, out_lp[i, :k].tolist() if s.logprobs else None))
+        return results
+
+
+def load_hf_model(path: str, dtype: str = "float32"):
+    """Load a causal LM for CPU generation with SDPA attention.
+
+    Raises:
+        OSError: ``path`` is not a local HF model directory (no hub download is attempted).
+    """
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                   "bf16": torch.bfloat16}.get(str(dtype), torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa",
+                                                 local_files_only=True)
+    model.eval()
+    return model
+
+
+class CPURolloutServer:
+    """Ray actor (one per replica node) serving ``generate`` for verl's agent loop on CPU.
+
+    Constructor arguments are those ``vLLMReplica.launch_servers`` passes (``vllm_async_server.py:1389-1399``);
+    only ``config`` (``RolloutConfig``), ``model_config`` and ``replica_rank`` are used.
+
+    Public methods (all async, called through Ray): :meth:`launch_server`, :meth:`generate`,
+    :meth:`update_weights`, :meth:`set_global_steps`, :meth:`get_global_steps`, and no-op control methods
+    ``wake_up``, ``sleep``, ``abort_all_requests``, ``resume_generation``, ``clear_kv_cache``,
+    ``release_kv_cache``, ``resume_kv_cache``, ``start_profile``, ``stop_profile``.
+    """
+
+    # How long the micro-batcher waits for concurrent requests to join a batch.
+    BATCH_WINDOW_S = 0.02
+    MAX_BATCH = 256
+
+    def __init__(self, config, model_config, replica_rank: int = 0, node_rank: int = 0, **_kwargs):
+        self.config = config
+        self.model_config = model_config
+        self.replica_rank = int(replica_rank)
+        self.node_rank = int(node_rank)
+        self.global_steps = 0  # an int from the start: the trainer casts it with np.array(dtype=int)
+        self.generator: Optional[HFGenerator] = None
+        self._lock = threading.Lock()
+        self._pending: list[tuple[list[int], int, SamplingSettings, asyncio.Future]] = []
+        self._batch_task: Optional[asyncio.Task] = None
+        self.num_requests = 0
+        self.num_batches = 0
+
+    # ------------------------------------------------------------------ lifecycle
+    async def launch_server(self, **_kwargs) -> None:
+        """Load the model and tokenizer from ``model_config.path`` (idempotent)."""
+        if self.generator is not None:
+            return
+        from transformers import AutoTokenizer
+
+        path = _cfg_get(self.model_config, "local_path") or _cfg_get(self.model_config, "path")
+        if not path:
+            raise ValueError(f"CPU rollout: actor_rollout_ref.model.path is empty ({self.model_config!r})")
+        threads = int(os.environ.get("STAPO_CPU_ROLLOUT_THREADS", "0") or 0)
+        if threads > 0:
+            torch.set_num_threads(threads)
+        model = load_hf_model(path, _cfg_get(self.config, "dtype", "float32"))
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        eos = set()
+        for e in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+            if isinstance(e, int):
+                eos.add(e)
+            elif e:
+                eos.update(int(x) for x in e)
+        if not eos:
+            raise ValueError(f"CPU rollout: tokenizer at {path} defines no eos_token_id")
+        pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
+        seed = int(_cfg_get(self.config, "seed", 0) or 0) + 1000 * self.replica_rank
+        self.generator = HFGenerator(model, sorted(eos), pad, seed=seed)
+        self.prompt_length = int(_cfg_get(self.config, "prompt_length", 512))
+        self.response_length = int(_cfg_get(self.config, "response_length", 512))
+        self.max_model_len = _cfg_get(self.config, "max_model_len", None)
+
+    async def get_master_address(self):
+        """Mirror of vLLM's method (unused on CPU): ``(None, None, None)``."""
+        return None, None, None
+
+    async def get_server_address(self) -> tuple[str, int]:
+        """A unique pseudo address; the sync trainer uses it only as a load-balancer key."""
+        return f"cpu-rollout-{self.replica_rank}-{self.node_rank}", 0
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str,
+                       image_data=None, video_data=None, audio_data=None, mm_processor_kwargs=None,
+                       priority: int = 0, **_kwargs):
+        """Generate one response (``TokenOutput``), like ``vLLMHttpServer.generate``.
+
+        Args:
+            prompt_ids: prompt token ids.
+            sampling_params: ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``logprobs``
+                (bool), optional ``max_tokens``/``max_new_tokens``.
+            request_id: opaque id (logged only).
+        Returns:
+            ``verl.workers.rollout.replica.TokenOutput`` with ``token_ids`` (EOS included when hit),
+            ``log_probs`` (processed log-probs or ``None``), ``stop_reason="completed"`` and
+            ``extra_fields={"global_steps": int}``.
+        Raises:
+            ValueError: multimodal input, or an invalid sampling value.
+        """
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data or video_data or audio_data:
+            raise ValueError(f"CPU rollout (request {request_id}): multimodal input is not supported")
+        if self.generator is None:
+            await self.launch_server()
+        params = dict(sampling_params)
+        s = SamplingSettings.from_params(params)
+        prompt_ids = [int(t) for t in prompt_ids]
+        mt = derive_max_tokens(len(prompt_ids), self.prompt_length, self.response_length, self.max_model_len, params)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt_ids, mt, s, fut))
+        if self._batch_task is None or self._batch_task.done():
+            self._batch_task = asyncio.create_task(self._drain())
+        toks, lps = await fut
+        self.num_requests += 1
+        return TokenOutput(token_ids=toks, log_probs=lps, stop_reason="completed",
+                           extra_fields={"global_steps": int(self.global_steps)})
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.sleep(self.BATCH_WINDOW_S)
+            batch, self._pending = self._pending[: self.MAX_BATCH], self._pending[self.MAX_BATCH:]
+            groups: dict[SamplingSettings, list] = {}
+            for item in batch:
+                groups.setdefault(item[2], []).append(item)
+            for s, items in groups.items():
+                try:
+                    res = await asyncio.to_thread(self._run_batch, [i[0] for i in items], [i[1] for i in items], s)
+                    for item, r in zip(items, res):
+                        if not item[3].done():
+                            item[3].set_result(r)
+                except Exception as e:  # hand the error to every waiting request
+                    for item in items:
+                        if not item[3].done():
+                            item[3].set_exception(e)
+
+    def _run_batch(self, prompts, max_tokens, s):
+        with self._lock:
+            self.num_batches += 1
+            return self.generator.generate(prompts, max_tokens, s)
+
+    # ------------------------------------------------------------------ weights
+    async def update_weights(self, state_dict: dict[str, torch.Tensor]) -> int:
+        """Copy HF-named tensors into the server model (dtype cast; tied embeddings handled by HF).
+
+        Args:
+            state_dict: ``{hf_name: tensor}`` (Ray resolves the adapter's ``ray.put`` reference).
+        Returns:
+            number of tensors loaded.
+        Raises:
+            KeyError: a name that the server model does not have, or a model parameter left unassigned
+                (message lists up to 5 names).
+        """
+        if self.generator is None:
+            await self.launch_server()
+        model = self.generator.model
+        params = dict(model.named_parameters())
+        unknown = [k for k in state_dict if k not in params]
+        if unknown:
+            raise KeyError(f"CPU rollout update_weights: unknown parameter names {unknown[:5]}")
+        tied = getattr(model.config, "tie_word_embeddings", False)
+        missing = [k for k in params if k not in state_dict and not (tied and k == "lm_head.weight")]
+        if missing:
+            raise KeyError(f"CPU rollout update_weights: parameters not sent {missing[:5]}")
+        with self._lock, torch.no_grad():
+            for k, v in state_dict.items():
+                p = params[k]
+                if tuple(p.shape) != tuple(v.shape):
+                    raise KeyError(f"CPU rollout update_weights: shape of {k} is {tuple(v.shape)}, "
+                                   f"expected {tuple(p.shape)}")
+                p.copy_(v.to(p.dtype))
+        return len(state_dict)
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        """Record the policy version stamped into ``extra_fields['global_steps']`` (``vllm_async_server.py:924``)."""
+        self.global_steps = int(global_steps)
+
+    async def get_global_steps(self) -> int:
+        """Current policy version."""
+        return self.global_steps
+
+    async def get_stats(self) -> dict[str, int]:
+        """Counters for tests: requests served and batches run."""
+        return {"num_requests": self.num_requests, "num_batches": self.num_batches}
+
+    # ------------------------------------------------------------------ control no-ops (replica.py:265-309)
+    async def wake_up(self, tags: Optional[list[str]] = None):
+        """No-op: CPU weights stay resident."""
+
+    async def sleep(self):
+        """No-op: CPU weights stay resident."""
+
+    async def abort_all_requests(self, reject_request: bool = False) -> dict:
+        """No-op (partial rollout is not used by the sync trainer)."""
+        return {}
+
+    async def resume_generation(self):
+        """No-op."""
+
+    async def clear_kv_cache(self):
+        """No-op: the KV cache lives only inside one batch."""
+
+    async def release_kv_cache(self):
+        """No-op."""
+
+    async def resume_kv_cache(self):
+        """No-op."""
+
+    async def start_profile(self, **_kwargs):
+        """No-op."""
+
+    async def stop_profile(self):
+        """No-op."""
