@@ -220,8 +220,8 @@ def warm_start(model, tok, train: list[dict], val: list[dict], max_steps: int = 
         if step % eval_every == 0:
             model.eval()
             acc = sampled_accuracy(model, tok, val_eval, SAMPLE_TEMPERATURE, seed=step)
-            history.append({"step": step, "loss": float(out.loss), "sampled_acc": acc})
-            log(f"[make_assets] sft step {step} loss {float(out.loss):.3f} sampled acc {acc:.3f}")
+            history.append({"step": step, "loss": float(out.loss.detach()), "sampled_acc": acc})
+            log(f"[make_assets] sft step {step} loss {float(out.loss.detach()):.3f} sampled acc {acc:.3f}")
             if acc >= TARGET_ACC:
                 break
     model.eval()
@@ -280,7 +280,7 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = 128,
         m = json.loads(manifest_path.read_text())
         if m.get("version") == ASSET_VERSION:
             # benchmark rows may have become preparable since the first build
-            if len(m.get("benchmark_val_files", [])) < 2:
+            if len(m.get("benchmark_val_files", [])) < 2 and m.get("n_train"):
                 m["benchmark_val_files"] = prepare_benchmarks(out / "data", src_root, bench_rows, log)
                 manifest_path.write_text(json.dumps(m, indent=1))
             return m
@@ -288,7 +288,8 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = 128,
     import pandas as pd
     import torch
 
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    # one thread: on shared cores, intra-op thread spinning slows torch down by an order of magnitude
+    torch.set_num_threads(int(os.environ.get("STAPO_TORCH_THREADS", "1")))
     random.seed(SEED)
     if out.exists() and force:
         shutil.rmtree(out)
@@ -334,7 +335,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bench-rows", type=int, default=16)
     a = ap.parse_args(argv)
     m = build(a.out.expanduser().resolve(), force=a.force, src_root=a.src, bench_rows=a.bench_rows)
-    print(json.dumps({k: m[k] for k in ("model_dir", "train_file", "val_file", "benchmark_val_files",
+    print(json.dumps({k: m.get(k) for k in ("model_dir", "train_file", "val_file", "benchmark_val_files",
                                         "sft_steps", "sampled_acc", "greedy_acc", "n_params")}, indent=1))
     return 0
 

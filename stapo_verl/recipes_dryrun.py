@@ -1,0 +1,587 @@
+"""Dry-run of a GPU recipe: compose and validate the config exactly as ``python -m verl.trainer.main_ppo``.
+
+Usage (what ``recipes/run.sh <size> <method> --dry-run`` executes)::
+
+    python -m stapo_verl.recipes_dryrun [hydra overrides...]
+
+No GPU, Ray cluster, model weights or data are needed. Steps, in the order a real run meets them:
+
+1. **Plugin.** ``import stapo_verl.plugin`` (verl swallows entry-point import errors, so the import is
+   repeated here where it raises), the ``verl.plugins`` entry point ``stapo`` is in this environment's
+   metadata (that is how the Ray workers load it), and ``policy_loss.loss_mode`` is registered in
+   ``verl.trainer.ppo.core_algos.POLICY_LOSS_REGISTRY``.
+2. **Compose** with Hydra's compose API on the config dir and name read from ``main_ppo.main``'s
+   ``@hydra.main`` decorator, with the same overrides (so a removed or misspelled key fails with Hydra's /
+   OmegaConf's own message, e.g. ``Key 'grad_offload' is not in struct``).
+3. **main_ppo.main:** ``auto_set_device`` then ``validate_config(config, use_reference_policy=…,
+   use_critic=…)`` exactly as ``main`` calls it (the name bound in ``verl.trainer.main_ppo``, i.e. with the
+   STAPO cross-key checks the plugin wraps around it). It builds ``McoreActorConfig`` (with
+   ``McoreEngineConfig``, ``McoreOptimizerConfig`` and the policy-loss config through ``_target_``) and runs
+   ``ActorConfig.validate``; n_gpus comes from ``trainer.nnodes × trainer.n_gpus_per_node``.
+4. **run_ppo / TaskRunnerV1.run:** the Ray ``runtime_env`` merge of ``run_ppo`` (without ``ray.init``),
+   ``get_trainer_cls(trainer.v1.trainer_mode)``, ``transfer_queue.enable=True`` and
+   ``OmegaConf.resolve`` (every interpolation must resolve).
+5. **ActorRolloutRefWorker.init_model** config steps: ``omega_conf_to_dataclass`` of the actor, the ref
+   (with the worker's ``log_prob_* → ppo_*`` renames, only when KL needs it), the rollout
+   (``RolloutConfig``), the rollout checkpoint engine; the worker's dynamic-batch asserts and the rollout
+   world-size divisibility. Also ``AlgoConfig`` (incl. ``RolloutCorrectionConfig``), which verl itself
+   only reads as a DictConfig.
+6. **Recipe checks** that verl only meets on GPUs: Megatron world size divisible by TP×PP×CP, token
+   budgets ≥ prompt + response length, vLLM TP divides the node, FP8 keys consistent (TIS on with FP8
+   rollout, ``NVTE_FP8_BLOCK_SCALING_FP32_SCALES`` shipped to the workers, no dynamic CP with FP8).
+
+What cannot run here (reported as SKIPPED): ``HFModelConfig`` (tokenizer and HF config loading; it runs
+when ``model.path`` is a local directory with ``config.json``, with the model-shape checks), dataset
+loading (files are only checked for existence), Ray resource-pool creation, Megatron/vLLM initialisation.
+
+Exit status: 0 when every step passed; 1 on the first failure (the verl / Hydra / OmegaConf message and
+its cause chain are printed); 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+PREFIX = "[stapo dry-run]"
+
+#: FP8 values accepted by Megatron-Core's TransformerConfig / verl's FP8 docs.
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_RECIPES = ("blockwise", "tensorwise", "delayed", "mxfp8")
+FP8_ENV = "NVTE_FP8_BLOCK_SCALING_FP32_SCALES"
+
+
+class DryRunError(RuntimeError):
+    """A recipe-level check failed (the message names the keys and the rule)."""
+
+
+@dataclass
+class DryRunReport:
+    """Outcome of :func:`dry_run`.
+
+    Attributes:
+        ok: every step passed.
+        steps: ``(name, status, detail)`` with status ``PASS`` | ``SKIPPED`` | ``WARN`` | ``FAIL``.
+        settings: resolved key settings, ``(key, value)`` in print order.
+        config: the composed and resolved config (None when composing failed).
+    """
+
+    ok: bool = True
+    steps: list[tuple[str, str, str]] = field(default_factory=list)
+    settings: list[tuple[str, Any]] = field(default_factory=list)
+    config: Any = None
+
+    def setting(self, key: str) -> Any:
+        """Return the printed value of ``key``; raises KeyError if it was not printed."""
+        for k, v in self.settings:
+            if k == key:
+                return v
+        raise KeyError(key)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Hydra entry point of main_ppo
+
+
+def hydra_main_location() -> tuple[str, str]:
+    """Return ``(config_dir, config_name)`` of ``verl.trainer.main_ppo.main``'s ``@hydra.main`` decorator.
+
+    The decorator is read from the installed ``main_ppo.py`` source (its arguments are not kept on the
+    wrapped function), so the dry-run follows verl if a release moves the config.
+
+    Raises:
+        DryRunError: the decorator or its ``config_path`` / ``config_name`` keywords are not found.
+    """
+    import verl.trainer.main_ppo as main_ppo
+
+    src_path = main_ppo.__file__
+    with open(src_path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=src_path)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "main":
+            for deco in node.decorator_list:
+                if isinstance(deco, ast.Call) and getattr(deco.func, "attr", None) == "main":
+                    kw = {k.arg: ast.literal_eval(k.value) for k in deco.keywords if k.arg}
+                    if "config_path" in kw and "config_name" in kw:
+                        config_dir = os.path.join(os.path.dirname(src_path), kw["config_path"])
+                        return os.path.abspath(config_dir), kw["config_name"]
+    raise DryRunError(f"could not find @hydra.main(config_path=..., config_name=...) on main() in {src_path}")
+
+
+def compose_config(overrides: list[str]):
+    """Compose verl's trainer config with ``overrides``, as ``@hydra.main`` does for ``main_ppo``.
+
+    Raises:
+        hydra.errors.ConfigCompositionException: an override names a missing key (without ``+``), a
+            wrong type, or a duplicate ``+`` key; the OmegaConf error is its ``__cause__``.
+    """
+    from hydra import compose, initialize_config_dir
+
+    config_dir, config_name = hydra_main_location()
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Steps
+
+
+def _check_plugin() -> str:
+    """Import the plugin so its errors surface and check the entry point Ray workers load it through."""
+    from importlib.metadata import entry_points
+
+    import stapo_verl.plugin  # noqa: F401  (raises here, unlike verl's entry-point loader)
+
+    eps = [ep for ep in entry_points(group="verl.plugins") if ep.name == "stapo"]
+    if not eps:
+        raise DryRunError(
+            "the 'verl.plugins' entry point 'stapo' is not installed in this environment, so Ray workers "
+            "will not load the plugin: `pip install -e <stapo-verl checkout>` on every node"
+        )
+    return f"stapo_verl.plugin imported; entry point {eps[0].name} = {eps[0].value}"
+
+
+def _check_loss_registered(config) -> str:
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
+    if mode not in POLICY_LOSS_REGISTRY:
+        raise DryRunError(
+            f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r} is not registered "
+            f"(registered: {sorted(POLICY_LOSS_REGISTRY)})"
+        )
+    return f"loss_mode {mode!r} registered"
+
+
+def _run_main_ppo_checks(config) -> str:
+    """``main_ppo.main`` up to (not including) ``run_ppo``."""
+    import verl.trainer.main_ppo as main_ppo
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+
+    main_ppo.auto_set_device(config)
+    main_ppo.validate_config(
+        config=config,
+        use_reference_policy=need_reference_policy(config),
+        use_critic=need_critic(config),
+    )
+    n_gpus = config.trainer.n_gpus_per_node * config.trainer.nnodes
+    return f"verl.utils.config.validate_config passed (n_gpus={n_gpus} from trainer.nnodes x n_gpus_per_node)"
+
+
+def _run_ppo_runtime_env(config) -> str:
+    """The runtime_env merge of ``run_ppo`` (without ``ray.init``)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    default_runtime_env = get_ppo_ray_runtime_env(config)
+    ray_init_kwargs = config.ray_kwargs.get("ray_init", {})
+    runtime_env_kwargs = ray_init_kwargs.get("runtime_env", {})
+    default_runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
+    runtime_env = OmegaConf.merge(default_runtime_env, runtime_env_kwargs)
+    merged = OmegaConf.create({**ray_init_kwargs, "runtime_env": runtime_env})
+    OmegaConf.to_container(merged, resolve=True)
+    where = os.environ.get("RAY_ADDRESS")
+    if where and ray_init_kwargs.get("num_cpus") is not None:
+        raise DryRunError(
+            "RAY_ADDRESS is set (connect to an existing cluster) but ray_kwargs.ray_init.num_cpus is set too; "
+            "Ray refuses num_cpus when connecting: drop the override"
+        )
+    return "ray.init kwargs build; " + (f"connects to RAY_ADDRESS={where}" if where else "ray.init starts a local Ray")
+
+
+def _run_task_runner(config) -> str:
+    """``TaskRunnerV1.run`` up to the trainer construction."""
+    from omegaconf import OmegaConf
+
+    if not config.trainer.use_v1:
+        return "trainer.use_v1=False: legacy trainer, TaskRunnerV1 steps not applicable"
+    from verl.trainer.ppo.v1 import get_trainer_cls
+
+    trainer_cls = get_trainer_cls(config.trainer.v1.trainer_mode)
+    config.transfer_queue.enable = True
+    OmegaConf.resolve(config)
+    return f"trainer {config.trainer.v1.trainer_mode!r} -> {trainer_cls.__name__}; all interpolations resolve"
+
+
+def _run_worker_configs(config) -> str:
+    """Config steps of ``ActorRolloutRefWorker.init_model`` and the trainer's dataclass conversions."""
+    from omegaconf import open_dict
+    from verl.trainer.ppo.utils import need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass
+
+    arr = config.actor_rollout_ref
+    built = []
+    omega_conf_to_dataclass(arr.actor)
+    built.append(arr.actor._target_.rsplit(".", 1)[-1])
+    if need_reference_policy(config):
+        ref = copy.deepcopy(arr.ref)
+        with open_dict(ref):
+            # The renames ActorRolloutRefWorker.init_model applies before building the ref config.
+            ref.ppo_mini_batch_size = arr.actor.ppo_mini_batch_size
+            ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+            ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+            ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+            ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+        omega_conf_to_dataclass(ref)
+        built.append("ref " + ref._target_.rsplit(".", 1)[-1])
+    rollout = omega_conf_to_dataclass(arr.rollout)
+    built.append(type(rollout).__name__)
+    omega_conf_to_dataclass(arr.rollout.checkpoint_engine)
+    built.append("CheckpointEngineConfig")
+    # Not converted by verl's own start-up (it reads algorithm.* as a DictConfig), but AlgoConfig is the
+    # typed schema of those keys, incl. rollout_correction: catches a wrong TIS value before the GPUs do.
+    # (RewardConfig is not converted: verl 0.9.1 never does, and its RewardManagerConfig fails to build.)
+    omega_conf_to_dataclass(config.algorithm)
+    built.append("AlgoConfig")
+
+    # engine_workers.py init_model asserts.
+    if arr.actor.use_dynamic_bsz != arr.rollout.log_prob_use_dynamic_bsz:
+        raise DryRunError(
+            "actor_rollout_ref.actor.use_dynamic_bsz must equal actor_rollout_ref.rollout.log_prob_use_dynamic_bsz "
+            "(asserted in ActorRolloutRefWorker.init_model)"
+        )
+    if arr.actor.use_dynamic_bsz:
+        if arr.rollout.log_prob_max_token_len_per_gpu is None or arr.actor.ppo_max_token_len_per_gpu is None:
+            raise DryRunError("dynamic bsz needs actor.ppo_max_token_len_per_gpu and rollout.log_prob_max_token_len_per_gpu")
+    elif arr.rollout.log_prob_micro_batch_size_per_gpu is None or arr.actor.ppo_micro_batch_size_per_gpu is None:
+        raise DryRunError("without dynamic bsz set actor.ppo_micro_batch_size_per_gpu and rollout.log_prob_micro_batch_size_per_gpu")
+    world = config.trainer.nnodes * config.trainer.n_gpus_per_node
+    infer_world = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
+    if world % infer_world:
+        raise DryRunError(
+            f"rollout world_size {world} is not divisible by infer_world_size {infer_world} "
+            "(rollout tensor x data x pipeline parallel; asserted in ActorRolloutRefWorker.init_model)"
+        )
+    return "built " + ", ".join(built) + "; init_model asserts hold"
+
+
+def _recipe_checks(config) -> tuple[str, list[str]]:
+    """Checks verl only meets at Megatron / vLLM start-up on GPUs. Returns (detail, warnings)."""
+    arr = config.actor_rollout_ref
+    mg = arr.actor.megatron
+    nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
+    world = nodes * per_node
+    mp = mg.tensor_model_parallel_size * mg.pipeline_model_parallel_size * mg.context_parallel_size
+    warnings: list[str] = []
+    if world % mp:
+        raise DryRunError(
+            f"world size {world} (trainer.nnodes={nodes} x n_gpus_per_node={per_node}) is not divisible by "
+            f"Megatron TP x PP x CP = {mp}; Megatron's parallel-state initialisation would fail"
+        )
+    if mg.tensor_model_parallel_size > per_node:
+        warnings.append(f"Megatron TP={mg.tensor_model_parallel_size} spans nodes (> {per_node} GPUs a node)")
+    rtp = arr.rollout.tensor_model_parallel_size
+    if per_node % rtp:
+        raise DryRunError(f"vLLM TP={rtp} does not divide n_gpus_per_node={per_node}")
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    if arr.actor.use_dynamic_bsz:
+        for key, val in (
+            ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.ppo_max_token_len_per_gpu),
+            ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_max_token_len_per_gpu),
+        ):
+            # A sequence longer than the budget cannot be placed in any micro-batch.
+            if val < longest:
+                raise DryRunError(f"{key}={val} < max_prompt_length + max_response_length = {longest}")
+    dp = world // mp
+    responses = config.data.train_batch_size * arr.rollout.n
+    if responses % dp:
+        warnings.append(f"{responses} responses a step do not split evenly over Megatron DP={dp}")
+
+    tc = mg.get("override_transformer_config", {}) or {}
+    fp8 = tc.get("fp8", None)
+    quant = arr.rollout.get("quantization", None)
+    rc = config.algorithm.get("rollout_correction", {}) or {}
+    if fp8 not in (None, False):
+        if fp8 not in FP8_FORMATS:
+            raise DryRunError(f"override_transformer_config.fp8={fp8!r}: allowed {list(FP8_FORMATS)}")
+        recipe = tc.get("fp8_recipe", None)
+        if recipe not in FP8_RECIPES:
+            raise DryRunError(f"override_transformer_config.fp8_recipe={recipe!r}: allowed {list(FP8_RECIPES)}")
+        if mg.get("dynamic_context_parallel", False):
+            raise DryRunError("dynamic_context_parallel does not support FP8 training (verl megatron engine)")
+        if recipe == "blockwise":
+            env = (config.ray_kwargs.ray_init.get("runtime_env", {}) or {}).get("env_vars", {}) or {}
+            if str(env.get(FP8_ENV, "")) != "1":
+                raise DryRunError(
+                    f"blockwise FP8 needs {FP8_ENV}=1 in every worker: "
+                    f"+ray_kwargs.ray_init.runtime_env.env_vars.{FP8_ENV}='1' (verl docs/low_precision/fp8.md)"
+                )
+        opt_recipe = (arr.actor.optim.get("override_optimizer_config", {}) or {}).get("fp8_recipe", None)
+        if opt_recipe != recipe:
+            warnings.append(f"optim.override_optimizer_config.fp8_recipe={opt_recipe!r} differs from {recipe!r}")
+    if quant == "fp8" and not rc.get("rollout_is", None):
+        raise DryRunError(
+            "actor_rollout_ref.rollout.quantization=fp8 without importance-sampling correction: set "
+            "algorithm.rollout_correction.rollout_is=token (verl's FP8 docs: accuracy drops without TIS)"
+        )
+    return f"Megatron DP={dp}, longest sequence {longest} tokens fits the budgets", warnings
+
+
+def _model_checks(config) -> tuple[str, str]:
+    """HFModelConfig and model-shape checks when model.path is a local HF directory. Returns (status, detail)."""
+    arr = config.actor_rollout_ref
+    path = str(arr.model.path)
+    cfg_json = os.path.join(os.path.expanduser(path), "config.json")
+    if not os.path.isfile(cfg_json):
+        return "SKIPPED", (
+            f"model.path={path!r} is not a local HF directory: HFModelConfig (tokenizer/config loading) and the "
+            "model-shape checks (layers % PP, heads % TP) did not run"
+        )
+    import json
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    with open(cfg_json, encoding="utf-8") as f:
+        hf = json.load(f)
+    omega_conf_to_dataclass(arr.model)
+    mg = arr.actor.megatron
+    layers, heads = hf.get("num_hidden_layers"), hf.get("num_attention_heads")
+    kv = hf.get("num_key_value_heads", heads)
+    tp, pp, rtp = mg.tensor_model_parallel_size, mg.pipeline_model_parallel_size, arr.rollout.tensor_model_parallel_size
+    if layers and layers % pp:
+        raise DryRunError(f"num_hidden_layers={layers} is not divisible by Megatron PP={pp}")
+    for name, t in (("Megatron TP", tp), ("vLLM TP", rtp)):
+        if heads and heads % t:
+            raise DryRunError(f"num_attention_heads={heads} is not divisible by {name}={t}")
+        if kv and kv % t and t % kv:
+            raise DryRunError(f"num_key_value_heads={kv} and {name}={t}: neither divides the other")
+    return "PASS", f"HFModelConfig built; layers={layers} heads={heads} kv_heads={kv} fit TP/PP"
+
+
+def _data_checks(config) -> tuple[str, str]:
+    files = []
+    for key in ("train_files", "val_files"):
+        v = config.data.get(key)
+        files += [str(x) for x in v] if not isinstance(v, str) else [v]
+    missing = [f for f in files if not os.path.exists(os.path.expanduser(f))]
+    if missing:
+        return "SKIPPED", f"dataset loading not run; {len(missing)}/{len(files)} files absent here (fine for a dry-run)"
+    return "PASS", f"all {len(files)} data files exist (dataset loading itself not run)"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Summary
+
+
+def _summary(config) -> list[tuple[str, Any]]:
+    from omegaconf import OmegaConf
+
+    def sel(key: str) -> Any:
+        return OmegaConf.select(config, key, default=None)
+
+    arr = "actor_rollout_ref."
+    mg = arr + "actor.megatron."
+    pl = arr + "actor.policy_loss."
+    keys = [
+        arr + "model.path",
+        "trainer.nnodes",
+        "trainer.n_gpus_per_node",
+        mg + "tensor_model_parallel_size",
+        mg + "pipeline_model_parallel_size",
+        mg + "context_parallel_size",
+        mg + "param_offload",
+        mg + "optimizer_offload",
+        mg + "use_mbridge",
+        mg + "use_dist_checkpointing",
+        mg + "dtype",
+        arr + "rollout.name",
+        arr + "rollout.mode",
+        arr + "rollout.tensor_model_parallel_size",
+        arr + "rollout.gpu_memory_utilization",
+        "data.train_batch_size",
+        arr + "rollout.n",
+        arr + "actor.ppo_mini_batch_size",
+        arr + "actor.ppo_epochs",
+        "data.max_prompt_length",
+        "data.max_response_length",
+        arr + "actor.use_dynamic_bsz",
+        arr + "actor.ppo_max_token_len_per_gpu",
+        arr + "rollout.log_prob_max_token_len_per_gpu",
+        arr + "actor.optim.lr",
+        arr + "actor.optim.lr_warmup_steps",
+        arr + "actor.optim.lr_decay_style",
+        arr + "actor.optim.weight_decay",
+        arr + "actor.optim.clip_grad",
+        arr + "actor.clip_ratio_low",
+        arr + "actor.clip_ratio_high",
+        arr + "actor.clip_ratio_c",
+        arr + "actor.loss_agg_mode",
+        pl + "loss_mode",
+        pl + "_target_",
+        pl + "tau_p",
+        pl + "entropy_quantile",
+        pl + "stats_source",
+        pl + "top_entropy_ratio",
+        pl + "top_entropy_normalizer",
+        arr + "actor.calculate_entropy",
+        arr + "actor.entropy_coeff",
+        arr + "actor.use_kl_loss",
+        arr + "actor.kl_loss_type",
+        arr + "actor.kl_loss_coef",
+        "algorithm.adv_estimator",
+        "algorithm.use_kl_in_reward",
+        arr + "rollout.temperature",
+        arr + "rollout.top_p",
+        arr + "rollout.val_kwargs.do_sample",
+        arr + "rollout.val_kwargs.n",
+        arr + "rollout.val_kwargs.temperature",
+        arr + "rollout.val_kwargs.top_p",
+        mg + "override_transformer_config.fp8",
+        mg + "override_transformer_config.fp8_recipe",
+        arr + "actor.optim.override_optimizer_config.fp8_recipe",
+        arr + "rollout.quantization",
+        "algorithm.rollout_correction.rollout_is",
+        "algorithm.rollout_correction.rollout_is_threshold",
+        "reward.reward_manager.name",
+        "reward.custom_reward_function.path",
+        "reward.custom_reward_function.name",
+        "data.train_files",
+        "trainer.total_training_steps",
+        "trainer.test_freq",
+        "trainer.save_freq",
+        "trainer.project_name",
+        "trainer.experiment_name",
+        "trainer.default_local_dir",
+    ]
+    out: list[tuple[str, Any]] = []
+    for k in keys:
+        v = sel(k)
+        if k.startswith(pl) and k != pl + "loss_mode" and v is None:
+            continue  # keys only the STAPO config class has
+        out.append((k, v))
+    world = sel("trainer.nnodes") * sel("trainer.n_gpus_per_node")
+    mp = (
+        sel(mg + "tensor_model_parallel_size")
+        * sel(mg + "pipeline_model_parallel_size")
+        * sel(mg + "context_parallel_size")
+    )
+    fp8 = sel(mg + "override_transformer_config.fp8")
+    precision = "bf16" if fp8 in (None, False) else f"fp8 (TE {fp8}/{sel(mg + 'override_transformer_config.fp8_recipe')})"
+    if sel(arr + "rollout.quantization"):
+        precision += f", rollout {sel(arr + 'rollout.quantization')}"
+    out += [
+        ("derived.precision", precision),
+        ("derived.world_size", world),
+        ("derived.megatron_dp", world // mp if mp else None),
+        ("derived.rollout_replicas", world // sel(arr + "rollout.tensor_model_parallel_size")),
+        ("derived.responses_per_step", sel("data.train_batch_size") * sel(arr + "rollout.n")),
+        (
+            "derived.optimizer_steps_per_step",
+            sel("data.train_batch_size") // sel(arr + "actor.ppo_mini_batch_size") * sel(arr + "actor.ppo_epochs"),
+        ),
+        ("derived.ray", f"RAY_ADDRESS={os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "local ray.init"),
+    ]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Driver
+
+
+def _format_exception(exc: BaseException) -> str:
+    lines = [f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"]
+    seen = {id(exc)}
+    cur = exc.__cause__ or exc.__context__
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        lines.append(f"  caused by {type(cur).__module__}.{type(cur).__qualname__}: {cur}")
+        cur = cur.__cause__ or cur.__context__
+    return "\n".join(lines)
+
+
+def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
+    """Compose and validate the recipe config given by ``overrides``; print the steps and key settings.
+
+    Never raises for a config problem: failures are recorded in the returned report (``ok=False``) and
+    printed with the verl / Hydra / OmegaConf message. Source: verl 0.9.1 ``verl/trainer/main_ppo.py``
+    (``main``, ``run_ppo``, ``TaskRunnerV1.run``) and ``verl/workers/engine_workers.py`` (``init_model``).
+
+    Args:
+        overrides: Hydra overrides, exactly as passed to ``python -m verl.trainer.main_ppo``.
+        out: stream for the report (default ``sys.stdout``).
+    """
+    out = out or sys.stdout
+    report = DryRunReport()
+
+    def emit(line: str = "") -> None:
+        print(line, file=out, flush=True)
+
+    def step(name: str, fn: Callable[[], Any]) -> Any:
+        try:
+            res = fn()
+        except Exception as exc:  # noqa: BLE001  (every failure is reported, then the run stops)
+            report.ok = False
+            report.steps.append((name, "FAIL", _format_exception(exc)))
+            emit(f"{PREFIX} FAIL  {name}")
+            emit(_format_exception(exc))
+            if os.environ.get("STAPO_DRYRUN_TRACEBACK"):
+                emit("".join(traceback.format_exception(exc)))
+            raise _Stop from exc
+        status, detail = res if isinstance(res, tuple) and res[0] in ("PASS", "SKIPPED") else ("PASS", res)
+        report.steps.append((name, status, str(detail)))
+        emit(f"{PREFIX} {status:<5} {name}: {detail}")
+        return res
+
+    try:
+        step("plugin import + entry point", _check_plugin)
+
+        def compose() -> str:
+            report.config = compose_config(overrides)
+            config_dir, config_name = hydra_main_location()
+            return f"{config_name} from {config_dir} with {len(overrides)} overrides"
+
+        step("hydra compose (main_ppo's config path/name)", compose)
+        config = report.config
+        step("loss mode registered", lambda: _check_loss_registered(config))
+        step("main_ppo.main: auto_set_device + validate_config", lambda: _run_main_ppo_checks(config))
+        step("run_ppo: ray runtime_env", lambda: _run_ppo_runtime_env(config))
+        step("TaskRunnerV1.run: trainer class + OmegaConf.resolve", lambda: _run_task_runner(config))
+        step("init_model: worker config dataclasses", lambda: _run_worker_configs(config))
+
+        def recipe() -> str:
+            detail, warns = _recipe_checks(config)
+            for w in warns:
+                report.steps.append(("recipe checks", "WARN", w))
+                emit(f"{PREFIX} WARN  {w}")
+            return detail
+
+        step("recipe checks (Megatron/vLLM start-up rules)", recipe)
+        step("HFModelConfig + model shape", lambda: _model_checks(config))
+        step("data files", lambda: _data_checks(config))
+        step("Ray resource pools, Megatron/vLLM init", lambda: ("SKIPPED", "need GPUs and a Ray cluster"))
+    except _Stop:
+        emit(f"{PREFIX} FAILED: the config would not start (message above is verl's / Hydra's own)")
+        return report
+
+    report.settings = _summary(config)
+    emit(f"{PREFIX} resolved key settings:")
+    width = max(len(k) for k, _ in report.settings)
+    for k, v in report.settings:
+        emit(f"  {k:<{width}} = {v}")
+    emit(f"{PREFIX} OK")
+    return report
+
+
+class _Stop(Exception):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: ``python -m stapo_verl.recipes_dryrun <hydra overrides...>``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if any(a.startswith("--") for a in argv):
+        print(f"{PREFIX} usage: python -m stapo_verl.recipes_dryrun <hydra overrides...> (got {argv})", file=sys.stderr)
+        return 2
+    return 0 if dry_run(argv).ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
