@@ -1,0 +1,198 @@
+"""Reward scorers: strict box (D13 fixed), math-verify equivalence, routing, verl loader, timeouts (D12)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from stapo_verl.rewards import (
+    KillableRunner,
+    UnknownDataSourceError,
+    compute_score,
+    extract_boxed_answer,
+    get_runner,
+    score_math_verify,
+    score_strict_box,
+)
+from stapo_verl.rewards.dapo import _load_verl_math_dapo
+from stapo_verl.rewards.math_verify_scorer import answers_equivalent
+from stapo_verl.eval.scoring import score_many
+
+KEYS = {"score", "acc", "pred", "timeout", "no_box"}
+#: Makes math_verify.verify evaluate a power tower: hangs for minutes (verl_notes D12, Math-Verify #65).
+HANG = "The answer is \\boxed{5^{5^{5^{5^{5}}}}}"
+PAD = "Reasoning. " * 30  # 330 characters of filler
+
+
+def _children() -> set[int]:
+    """PIDs of this process's live (non-zombie) children, from /proc."""
+    me, out = os.getpid(), set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == me and fields[0] != "Z":
+            out.add(int(entry.name))
+    return out
+
+
+# ---------------------------------------------------------------- strict box (training reward)
+
+
+def test_strict_box_window_bug_d13_fixed():
+    # The box starts 150 characters before the end: verl's strict check re-slices to 100 characters and misses it.
+    resp = PAD + "\\boxed{34}" + " Double-checked, and every step above is consistent with the constraints." * 2
+    assert 100 < len(resp) - resp.index("\\boxed{") < 300
+    assert _load_verl_math_dapo().compute_score(resp, "34", strict_box_verify=True)["score"] == -1.0  # verl 0.9.1
+    out = score_strict_box(resp, "34")
+    assert out == {"score": 1.0, "acc": True, "pred": "34", "timeout": False, "no_box": False}
+
+
+def test_strict_box_answer_longer_than_window_and_tail_rule():
+    long_answer = "+".join(["x"] * 200)  # 399 characters: the box starts before the 300-character window
+    assert score_strict_box(PAD + f"\\boxed{{{long_answer}}}", long_answer, normalize=False)["acc"]
+    # A box that closes more than 300 characters before the end is not the final answer (as in verl).
+    late = score_strict_box("\\boxed{34}" + PAD, "34")
+    assert late["no_box"] and late["score"] == -1.0
+
+
+def test_strict_box_pathological_shapes():
+    assert score_strict_box("no box at all, answer 34", "34") == {
+        "score": -1.0, "acc": False, "pred": "", "timeout": False, "no_box": True}
+    assert score_strict_box("\\boxed{12} wait, \\boxed{34}", "34")["acc"]  # the last box counts
+    assert not score_strict_box("\\boxed{34} wait, \\boxed{12}", "34")["acc"]
+    assert extract_boxed_answer("so \\boxed{\\frac{a^{2}}{b_{1}}}.") == "\\frac{a^{2}}{b_{1}}"  # nested braces
+    assert score_strict_box("\\boxed{34} then \\boxed{3", "34")["no_box"]  # truncated last box = no answer
+    assert score_strict_box("\\boxed{34^\\circ}", "34")["acc"]  # verl's normalize_final_answer
+    assert score_strict_box("\\boxed{1,000}", "1000")["acc"]
+    assert not score_strict_box("\\boxed{1,000}", "1000", normalize=False)["acc"]  # JustRL's pure exact match
+    t0 = time.perf_counter()
+    big = "x" * 100_000 + "\\boxed{34}"
+    assert score_strict_box(big, "34")["acc"] and score_math_verify(big, "34")["acc"]
+    assert score_strict_box("\\boxed{" + "{" * 50_000, "34")["no_box"]  # 50k unclosed braces: linear scan
+    assert time.perf_counter() - t0 < 2.0
+
+
+# ---------------------------------------------------------------- math-verify (benchmarks)
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "equal"),
+    [
+        ("\\frac{1}{2}", "0.5", True),
+        ("\\dfrac{3}{4}", "\\frac34", True),
+        ("(1,2]", "(1, 2]", True),
+        ("[1,2]", "(1,2]", False),
+        ("\\{1,2\\}", "\\{2,1\\}", True),
+        ("3\\sqrt{2}", "\\sqrt{18}", True),
+        ("10\\text{ cm}", "10", True),
+        ("90^\\circ", "90", True),
+        ("2,125", "2125", True),
+        ("4.5\\times 10^{33}", "4.5e33", True),
+        ("4.6\\times 10^{33}", "4.5e33", False),
+        ("27", "27.0", True),
+        ("x \\in [0, 1)", "[0,1)", True),
+        ("\\frac{1}{2 n+2}", "$\\frac{1}{2 n+2}$", True),
+        ("7", "8", False),
+    ],
+)
+def test_math_verify_equivalence(pred, gold, equal):
+    assert answers_equivalent(pred, gold) is equal
+
+
+def test_math_verify_needs_a_box():
+    assert score_math_verify("the answer is 5", "5")["no_box"]
+    assert score_math_verify("first \\boxed{4}, finally \\boxed{5}", "5")["acc"]
+
+
+# ---------------------------------------------------------------- routing and the verl entry point
+
+
+def test_routing_and_uniform_keys():
+    outs = [
+        compute_score("math_dapo", "\\boxed{34}", "34"),
+        compute_score("DAPO-17k", "no box", "34"),
+        compute_score("math500", "\\boxed{\\frac12}", "0.5"),
+        compute_score("aime2026", "\\boxed{025}", "25"),
+        compute_score("gsm8k", "\\boxed{2,125}", "2125", extra_info={"split": "test"}, reward_router_address=None),
+    ]
+    assert all(set(o) == KEYS for o in outs)
+    assert [o["acc"] for o in outs] == [True, False, True, True, True]
+    assert [o["score"] for o in outs] == [1.0, -1.0, 1.0, 1.0, 1.0]
+    # The strict scorer does not accept what only math-verify accepts.
+    assert not compute_score("math_dapo", "\\boxed{\\frac12}", "0.5")["acc"]
+    assert compute_score("math_dapo", "\\boxed{\\frac12}", "0.5", scorer="math_verify")["acc"]
+    with pytest.raises(UnknownDataSourceError, match=r"data_source='gpqa'.*allowed.*math500"):
+        compute_score("gpqa", "\\boxed{1}", "1")
+    with pytest.raises(UnknownDataSourceError, match="scorer='nope'"):
+        compute_score("math500", "\\boxed{1}", "1", scorer="nope")
+
+
+def test_loaded_through_verl_custom_reward_loader():
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    cfg = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": "pkg://stapo_verl.rewards", "name": "compute_score", "reward_kwargs": {"timeout_s": 10}}}})
+    fn = get_custom_reward_fn(cfg)
+    # The reward-loop managers (naive.py/dapo.py) call it with these keywords.
+    out = fn(data_source="math_dapo", solution_str=PAD + "\\boxed{34}", ground_truth="34", extra_info={"index": 0})
+    assert out["score"] == 1.0 and out["acc"] is True and set(out) == KEYS
+
+
+# ---------------------------------------------------------------- timeouts (verl_notes D12)
+
+
+def test_hanging_parser_times_out_counted_and_no_leak():
+    timeout = 1.5
+    before = _children()
+    runner = KillableRunner(timeout_s=timeout, max_workers=1)
+    try:
+        res = runner.run(score_math_verify, "\\boxed{1}", "1")  # starts the worker (not charged to the timeout)
+        assert res.value["acc"] and not res.timed_out
+        worker_pid = runner.worker_pids()[0]
+        t0 = time.perf_counter()
+        res = runner.run(score_math_verify, HANG, "5")
+        wall = time.perf_counter() - t0
+        assert res.timed_out and res.value is None
+        assert wall < timeout + 1.0, f"hanging call returned after {wall:.2f}s (timeout {timeout}s)"
+        assert runner.stats["timeouts"] == 1
+        assert worker_pid not in _children() and runner.worker_pids() == []  # killed and reaped
+        assert runner.run(score_math_verify, "\\boxed{2}", "2").value["acc"]  # a fresh worker takes over
+    finally:
+        runner.close()
+    assert _children() <= before, "reward worker processes leaked"
+
+
+def test_compute_score_reports_timeout():
+    t0 = time.perf_counter()
+    out = compute_score("math500", HANG, "5", timeout_s=1.0)
+    wall = time.perf_counter() - t0
+    assert out == {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": False}
+    assert wall < 2.0 + 1.0  # 1 s timeout (+ at most one worker start, which is excluded from the budget)
+    assert compute_score("math500", "\\boxed{5}", "5")["acc"]  # the pool recovered
+
+
+def test_per_call_overhead_and_thread_safety(capsys):
+    get_runner()  # warm: the first call starts a worker
+    compute_score("math_dapo", "\\boxed{1}", "1")
+    times = []
+    for i in range(100):
+        t0 = time.perf_counter()
+        compute_score("math_dapo", PAD + f"\\boxed{{{i}}}", str(i))
+        times.append(time.perf_counter() - t0)
+    median_ms = 1000 * statistics.median(times)
+    with capsys.disabled():
+        print(f"\nstrict-box compute_score through the killable worker: median {median_ms:.3f} ms/call")
+    assert median_ms < 20, f"per-call overhead {median_ms:.1f} ms"
+    items = [("math_dapo" if i % 2 else "math500", f"\\boxed{{{i}}}", str(i if i % 3 else i + 1)) for i in range(40)]
+    results = score_many(items, threads=4)
+    assert [r["acc"] for r in results] == [bool(i % 3) for i in range(40)]
