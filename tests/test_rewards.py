@@ -196,3 +196,39 @@ def test_per_call_overhead_and_thread_safety(capsys):
     items = [("math_dapo" if i % 2 else "math500", f"\\boxed{{{i}}}", str(i if i % 3 else i + 1)) for i in range(40)]
     results = score_many(items, threads=4)
     assert [r["acc"] for r in results] == [bool(i % 3) for i in range(40)]
+
+
+def test_workers_die_with_a_killed_parent(tmp_path):
+    """PR_SET_PDEATHSIG: a SIGKILLed trainer process must not leave a scorer worker behind (Linux only)."""
+    import signal
+    import subprocess
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
+    code = (
+        "import sys, time\n"
+        "from stapo_verl.rewards import KillableRunner\n"
+        "from stapo_verl.rewards.math_verify_scorer import score_math_verify\n"
+        "r = KillableRunner(timeout_s=60, max_workers=1)\n"
+        "r.run(score_math_verify, '\\\\boxed{1}', '1')\n"
+        "print(r.worker_pids()[0], flush=True)\n"
+        f"r.run(score_math_verify, {HANG!r}, '5')\n"  # hangs in the worker until we kill the parent
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(parent.stdout.readline())
+        time.sleep(0.3)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.time() + 5
+        while time.time() < deadline and Path(f"/proc/{worker}").exists():
+            stat = Path(f"/proc/{worker}/stat").read_text() if Path(f"/proc/{worker}").exists() else ""
+            if stat and stat.rsplit(")", 1)[1].split()[0] == "Z":
+                break  # dead, waiting for init to reap it
+            time.sleep(0.1)
+        alive = Path(f"/proc/{worker}").exists() and Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        assert not alive, f"worker {worker} survived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

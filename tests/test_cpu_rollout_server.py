@@ -1,0 +1,210 @@
+"""Unit tests of the CPU rollout server and adapter (no trainer): sampling settings, log-probs, max tokens,
+weight sync through the adapter and Ray's object store."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+
+import pytest
+import torch
+
+from stapo_verl.cpu import make_assets as M
+from stapo_verl.cpu.rollout_server import (
+    CPURolloutServer,
+    SamplingSettings,
+    derive_max_tokens,
+    process_logits,
+)
+
+PROMPT_LEN, RESP_LEN = 64, 24
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A random tiny Qwen3 + tokenizer saved to disk (a few seconds; independent of the cached assets)."""
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("tiny_model")
+    rng = random.Random(0)
+    probs = [M.make_problem(rng) for _ in range(300)]
+    tok = M.build_tokenizer([p["question"] + "\n" + p["solution"] for p in probs], out, vocab_size=300)
+    model = M.build_model(tok, hidden=64, layers=2)
+    model.generation_config.eos_token_id = [tok.convert_tokens_to_ids("<|im_end|>")]
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return str(out), tok, [M.encode_chat(tok, p["question"]) for p in probs[:6]]
+
+
+def _server(path, seed=0):
+    cfg = {"prompt_length": PROMPT_LEN, "response_length": RESP_LEN, "max_model_len": None, "seed": seed,
+           "dtype": "float32"}
+    s = CPURolloutServer(config=cfg, model_config={"path": path}, replica_rank=0)
+    asyncio.run(s.launch_server())
+    return s
+
+
+def _gen(server, prompts, **params):
+    async def run():
+        return await asyncio.gather(*[server.generate(prompt_ids=p, sampling_params=dict(params),
+                                                      request_id=str(i)) for i, p in enumerate(prompts)])
+    return asyncio.run(run())
+
+
+def test_greedy_is_deterministic_and_returns_global_steps(tiny_model_dir):
+    path, _, prompts = tiny_model_dir
+    s = _server(path)
+    a = _gen(s, prompts, temperature=0, top_p=1.0, top_k=-1, logprobs=False)
+    b = _gen(s, prompts, temperature=0, top_p=1.0, top_k=-1, logprobs=False)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert all(o.log_probs is None for o in a)
+    assert all(o.extra_fields["global_steps"] == 0 and isinstance(o.extra_fields["global_steps"], int) for o in a)
+    # concurrent requests were micro-batched, not served one by one
+    assert s.num_batches < 2 * len(prompts)
+
+
+def test_greedy_matches_unbatched_argmax(tiny_model_dir):
+    """Batched left-padded generation equals a plain per-prompt argmax loop without KV cache."""
+    path, _, prompts = tiny_model_dir
+    s = _server(path)
+    outs = _gen(s, prompts[:3], temperature=0, logprobs=True, max_tokens=8)
+    model = s.generator.model
+    for p, o in zip(prompts[:3], outs):
+        ids = list(p)
+        ref = []
+        for _ in range(8):
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([ids])).logits[0, -1]
+            t = int(torch.argmax(logits))
+            ref.append(t)
+            ids.append(t)
+            if t in s.generator.eos.tolist():
+                break
+        assert o.token_ids == ref
+
+
+def test_temperature_and_top_p_change_outputs(tiny_model_dir):
+    path, _, prompts = tiny_model_dir
+    greedy = [o.token_ids for o in _gen(_server(path), prompts, temperature=0)]
+    hot = [o.token_ids for o in _gen(_server(path, seed=1), prompts, temperature=2.0, top_p=1.0)]
+    assert hot != greedy
+    # a tiny nucleus keeps only the argmax token at every step: sampling collapses to greedy
+    nucleus = [o.token_ids for o in _gen(_server(path, seed=2), prompts, temperature=1.0, top_p=1e-6)]
+    assert nucleus == greedy
+    topk1 = [o.token_ids for o in _gen(_server(path, seed=3), prompts, temperature=1.5, top_k=1)]
+    assert topk1 == greedy
+
+
+def test_max_tokens_respected(tiny_model_dir):
+    path, _, prompts = tiny_model_dir
+    s = _server(path)
+    outs = _gen(s, prompts, temperature=1.0, max_tokens=3)
+    assert all(1 <= len(o.token_ids) <= 3 for o in outs)
+    # default derivation (vLLM): min(response_length, prompt_length + response_length - len(prompt))
+    outs = _gen(s, prompts, temperature=2.0)
+    assert all(len(o.token_ids) <= RESP_LEN for o in outs)
+    assert derive_max_tokens(60, PROMPT_LEN, RESP_LEN, None, {}) == RESP_LEN
+    assert derive_max_tokens(80, PROMPT_LEN, RESP_LEN, None, {}) == PROMPT_LEN + RESP_LEN - 80
+    assert derive_max_tokens(10, PROMPT_LEN, RESP_LEN, None, {"max_tokens": 500}) == PROMPT_LEN + RESP_LEN - 10
+    with pytest.raises(ValueError, match="no room"):
+        derive_max_tokens(PROMPT_LEN + RESP_LEN, PROMPT_LEN, RESP_LEN, None, {})
+
+
+def test_logprobs_equal_log_softmax_of_processed_logits(tiny_model_dir):
+    path, _, prompts = tiny_model_dir
+    s = _server(path, seed=5)
+    params = dict(temperature=0.7, top_p=0.9, top_k=20, logprobs=True)
+    outs = _gen(s, prompts[:3], **params)
+    settings = SamplingSettings.from_params(params)
+    model = s.generator.model
+    for p, o in zip(prompts[:3], outs):
+        assert len(o.log_probs) == len(o.token_ids) > 0
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + o.token_ids])).logits[0]
+        proc = process_logits(logits[len(p) - 1: len(p) - 1 + len(o.token_ids)], settings)
+        ref = torch.log_softmax(proc, -1).gather(-1, torch.tensor(o.token_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(torch.tensor(o.log_probs), ref, atol=1e-4), (o.log_probs, ref.tolist())
+        assert all(lp > float("-inf") for lp in o.log_probs)  # sampled tokens survive the filters
+
+
+def test_process_logits_filters():
+    x = torch.tensor([[3.0, 2.0, 1.0, 0.0]])
+    k2 = process_logits(x, SamplingSettings(temperature=1.0, top_k=2))
+    assert torch.isinf(k2[0, 2:]).all() and torch.isfinite(k2[0, :2]).all()
+    p = process_logits(x, SamplingSettings(temperature=1.0, top_p=0.7))  # softmax ≈ .64 .24 .09 .03
+    assert torch.isfinite(p[0, :2]).all() and torch.isinf(p[0, 2:]).all()
+    t = process_logits(x, SamplingSettings(temperature=2.0))
+    assert torch.allclose(t, x / 2)
+
+
+def test_sampling_settings_errors():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingSettings.from_params({"temperature": -1})
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingSettings.from_params({"top_p": 0})
+    with pytest.raises(ValueError, match="'n'"):
+        SamplingSettings.from_params({"n": 4})
+    assert SamplingSettings.from_params({"top_k": -1}).top_k == 0
+
+
+def test_update_weights_rejects_unknown_names(tiny_model_dir):
+    path, _, _ = tiny_model_dir
+    s = _server(path)
+    with pytest.raises(KeyError, match="unknown parameter"):
+        asyncio.run(s.update_weights({"nope.weight": torch.zeros(1)}))
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_adapter_weight_sync_changes_outputs(tiny_model_dir, ray_local):
+    """Push perturbed weights through the adapter → greedy output changes; push originals → restored."""
+    import ray
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM
+
+    from stapo_verl.cpu.rollout_adapter import CPUServerAdapter
+
+    path, _, prompts = tiny_model_dir
+    cfg = {"prompt_length": PROMPT_LEN, "response_length": RESP_LEN, "max_model_len": None, "seed": 0,
+           "dtype": "float32"}
+    server = ray.remote(CPURolloutServer).options(name="cpu_server_0_0", max_concurrency=64).remote(
+        config=cfg, model_config={"path": path}, replica_rank=0)
+    ray.get(server.launch_server.remote())
+
+    def greedy():
+        return [ray.get(server.generate.remote(prompt_ids=p, sampling_params={"temperature": 0, "max_tokens": 12},
+                                               request_id=str(i))).token_ids for i, p in enumerate(prompts)]
+
+    os.environ["RANK"], os.environ["RAY_LOCAL_WORLD_SIZE"] = "0", "1"
+    rollout_cfg = OmegaConf.create({"name": "cpu", "tensor_model_parallel_size": 1, "data_parallel_size": 1,
+                                    "pipeline_model_parallel_size": 1, "free_cache_engine": True})
+    adapter = CPUServerAdapter.__new__(CPUServerAdapter)  # skip BaseRollout's dataclass conversion of a stub config
+    adapter.config, adapter.model_config, adapter.device_mesh = rollout_cfg, None, None
+    adapter.replica_rank, adapter.rollout_rank, adapter.node_rank = 0, 0, 0
+    adapter._has_server, adapter.server_handle = True, None
+
+    before = greedy()
+    model = AutoModelForCausalLM.from_pretrained(path)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    perturbed = {k: v + 0.5 * torch.randn(v.shape, generator=gen) for k, v in original.items()}
+    perturbed["lm_head.weight"] = perturbed["model.embed_tokens.weight"]  # keep the tie consistent
+    asyncio.run(adapter.update_weights(iter(perturbed.items()), global_steps=7))
+    after = greedy()
+    assert after != before
+    assert ray.get(server.get_global_steps.remote()) == 7
+    out = ray.get(server.generate.remote(prompt_ids=prompts[0], sampling_params={"temperature": 0}, request_id="x"))
+    assert out.extra_fields["global_steps"] == 7
+    asyncio.run(adapter.update_weights(iter(original.items()), global_steps=8))
+    assert greedy() == before
+    with pytest.raises(ValueError, match="wire_format"):
+        asyncio.run(adapter.update_weights(iter([]), wire_format="delta_flush"))
+    ray.kill(server)

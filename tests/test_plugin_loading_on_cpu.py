@@ -1,0 +1,114 @@
+"""Plugin loading: the ``verl.plugins`` entry point registers STAPO in a fresh Ray worker; with plugins disabled
+the self-check raises a clear error; cross-key validation runs inside verl's ``validate_config``."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+import pytest
+import ray
+from hydra import compose, initialize_config_dir
+
+import verl
+from stapo_verl.config import StapoConfigError
+from stapo_verl.selfcheck import validate_stapo_config
+
+VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
+STAPO_OVERRIDES = [
+    "actor_rollout_ref.actor.policy_loss._target_=stapo_verl.config.StapoPolicyLossConfig",
+    "actor_rollout_ref.actor.policy_loss.loss_mode=stapo",
+    "+actor_rollout_ref.actor.policy_loss.tau_p=0.002",
+    "+actor_rollout_ref.actor.policy_loss.entropy_quantile=0.75",
+]
+
+
+def _probe():
+    """Runs inside a Ray worker: what does a plain ``import verl`` give there?"""
+    import sys as _sys
+
+    import verl  # noqa: F401
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    result = {"registered": sorted(m for m in POLICY_LOSS_REGISTRY if "stapo" in m or m == "top_entropy"),
+              "plugin_module_loaded": "stapo_verl.plugin" in _sys.modules, "pid": os.getpid()}
+    try:
+        from verl.utils.config import omega_conf_to_dataclass
+        from omegaconf import OmegaConf
+
+        omega_conf_to_dataclass(OmegaConf.create({"_target_": "stapo_verl.config.StapoPolicyLossConfig",
+                                                  "loss_mode": "stapo"}))
+        result["error"] = None
+    except Exception as e:  # the self-check
+        result["error"] = f"{type(e).__name__}: {e}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # tests/ is not on the workers' path
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    yield
+    ray.shutdown()
+
+
+def test_fresh_ray_worker_sees_stapo_through_entry_point_alone(local_ray):
+    res = ray.get(ray.remote(_probe).options(runtime_env={"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "auto"}}).remote())
+    assert res["pid"] != os.getpid()
+    assert res["plugin_module_loaded"] is True
+    assert res["registered"] == sorted(["stapo", "stapo_high_entropy", "stapo_random", "stapo_full_mask",
+                                        "top_entropy"])
+    assert res["error"] is None
+
+
+def test_plugins_disabled_self_check_raises_clear_error(local_ray):
+    env = {"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "none"}}
+    res = ray.get(ray.remote(_probe).options(runtime_env=env).remote())
+    assert res["registered"] == [] and res["plugin_module_loaded"] is False
+    assert "StapoNotRegisteredError" in res["error"]  # hydra wraps it in InstantiationException, as in verl
+    for hint in ("not registered in this process", "pip install -e", "VERL_USE_EXTERNAL_PLUGINS"):
+        assert hint in res["error"]
+
+
+def test_plugins_disabled_in_a_plain_process():
+    code = (
+        "import verl\n"
+        "from stapo_verl.config import StapoPolicyLossConfig\n"
+        "StapoPolicyLossConfig(loss_mode='stapo')\n"
+    )
+    env = dict(os.environ, VERL_USE_EXTERNAL_PLUGINS="none")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "StapoNotRegisteredError" in out.stderr and "loss_mode='stapo'" in out.stderr
+
+
+def _compose(extra):
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=STAPO_OVERRIDES + extra)
+
+
+def test_cross_key_validation_names_the_key():
+    validate_stapo_config(_compose([]))  # default route: valid as composed
+    cases = [
+        (["+actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch"], "calculate_entropy=True"),
+        (["actor_rollout_ref.actor.policy_loss.loss_mode=top_entropy"], "calculate_entropy=True"),
+        (["trainer.use_v1=False"], "trainer.use_v1=True"),
+        (["algorithm.rollout_correction.bypass_mode=True"], "bypass_mode"),
+    ]
+    for extra, msg in cases:
+        with pytest.raises(StapoConfigError, match=msg.replace(".", r"\.")):
+            validate_stapo_config(_compose(extra))
+    validate_stapo_config(_compose(["+actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch",
+                                    "actor_rollout_ref.actor.calculate_entropy=True"]))
+
+
+def test_missing_target_fails_in_verls_validate_config():
+    import verl.utils.config as vcfg
+
+    assert getattr(vcfg.validate_config, "__stapo_wrapped__", False)
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=stapo"])
+    with pytest.raises(StapoConfigError, match="_target_=stapo_verl.config.StapoPolicyLossConfig"):
+        vcfg.validate_config(cfg, use_reference_policy=False, use_critic=False)
