@@ -29,20 +29,24 @@ class MiniBatchState:
             (current-policy route: forms the running denominator).
         mask_calls: number of mask computations so far in this process (identical on all DP ranks).
         active: True between the hook's start and end of a STAPO mini-batch.
+        detached_entropy: True when the loss reads current-policy entropy (Megatron then computes it
+            gradient-free, :mod:`stapo_verl.megatron.entropy`).
     """
 
     stats: MaskStats | None = None
     removed_so_far: int = 0
     mask_calls: int = 0
     active: bool = False
+    detached_entropy: bool = False
 
-    def start(self, stats: MaskStats | None) -> None:
+    def start(self, stats: MaskStats | None, detached_entropy: bool = False) -> None:
         """Begin a mini-batch (called by the worker hook)."""
         self.stats, self.removed_so_far, self.active = stats, 0, True
+        self.detached_entropy = detached_entropy
 
     def end(self) -> None:
         """Leave the mini-batch; the loss refuses to run on stale statistics."""
-        self.stats, self.removed_so_far, self.active = None, 0, False
+        self.stats, self.removed_so_far, self.active, self.detached_entropy = None, 0, False, False
 
 
 @dataclass

@@ -17,8 +17,10 @@ This module wraps ``TrainingWorker.train_batch`` (no verl file is edited) so tha
    forward (``actor.calculate_entropy=True``; vocab-parallel under Megatron TP, computed before verl's in-place
    log-prob op) to the loss through :data:`stapo_verl.state.LOSS_CONTEXT`.
 
-The wrapper is installed lazily when ``verl.workers.engine_workers`` is first imported (a post-import hook),
-so loading the plugin does not import the worker stack in every process.
+Under Megatron the current-policy entropy is computed gradient-free before verl's in-place log-prob op
+(:mod:`stapo_verl.megatron.entropy`). Wrappers are installed lazily when verl first imports
+``verl.workers.engine_workers`` / the Megatron engine module (a post-import hook), so loading the plugin does
+not import the worker stack (or megatron-core) in every process.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from stapo_verl.config import StapoPolicyLossConfig, check_registered
 from stapo_verl.s2t import MaskStats, s2t_keep_mask
 
 _TARGET_MODULE = "verl.workers.engine_workers"
+_MEGATRON_MODULE = "verl.workers.engine.megatron.transformer_impl"
 _S2T_MODES = {
     "stapo": "low_entropy",
     "stapo_high_entropy": "high_entropy",
@@ -157,9 +160,10 @@ def wrap_train_batch(orig):
         check_registered(pl.loss_mode)  # worker-side self-check before every update
         dp_group = self.engine.get_data_parallel_group()
         stats = None
-        if pl.loss_mode in _S2T_MODES and pl.stats_source == "old_policy":
+        old_policy = pl.loss_mode in _S2T_MODES and pl.stats_source == "old_policy"
+        if old_policy:
             stats = apply_s2t_to_minibatch(data, pl, dp_group)
-        state.MINIBATCH.start(stats)
+        state.MINIBATCH.start(stats, detached_entropy=not old_policy)
         inner = self.loss_fn
         self.loss_fn = functools.partial(stapo_ppo_loss, inner=inner)
         try:
@@ -172,10 +176,19 @@ def wrap_train_batch(orig):
     return train_batch
 
 
-def _patch(module) -> None:
+def _patch_workers(module) -> None:
     cls = module.TrainingWorker
     if not getattr(cls.train_batch, "__stapo_wrapped__", False):
         cls.train_batch = wrap_train_batch(cls.train_batch)
+
+
+def _patch_megatron(module) -> None:
+    from stapo_verl.megatron.entropy import patch_megatron_engine
+
+    patch_megatron_engine(module)
+
+
+_PATCHES = {_TARGET_MODULE: _patch_workers, _MEGATRON_MODULE: _patch_megatron}
 
 
 class _PostImportLoader(importlib.abc.Loader):
@@ -187,12 +200,12 @@ class _PostImportLoader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        _patch(module)
+        _PATCHES[module.__name__](module)
 
 
 class _PostImportFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
-        if fullname != _TARGET_MODULE:
+        if fullname not in _PATCHES:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is not None and spec.loader is not None:
@@ -201,10 +214,11 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Install the ``TrainingWorker.train_batch`` wrapper now or when verl's worker module is imported."""
-    if _TARGET_MODULE in sys.modules:
-        _patch(sys.modules[_TARGET_MODULE])
-    elif not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
+    """Install the wrappers now for verl modules already imported, else when verl first imports them."""
+    for name, patch in _PATCHES.items():
+        if name in sys.modules:
+            patch(sys.modules[name])
+    if not any(isinstance(f, _PostImportFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _PostImportFinder())
 
 
