@@ -28,20 +28,39 @@ HANG = "The answer is \\boxed{5^{5^{5^{5^{5}}}}}"
 PAD = "Reasoning. " * 30  # 330 characters of filler
 
 
-def _children() -> set[int]:
-    """PIDs of this process's live (non-zombie) children, from /proc."""
-    me, out = os.getpid(), set()
+def _state(pid: int) -> str | None:
+    """``/proc/<pid>/stat`` state letter, or None if the process does not exist."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _descendants() -> set[int]:
+    """PIDs of this process's live (non-zombie) descendants (workers are children of the fork server)."""
+    parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == me and fields[0] != "Z":
-            out.add(int(entry.name))
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    out, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - out
+        out |= frontier
     return out
+
+
+def _gone(pid: int, within_s: float = 3.0) -> bool:
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        if _state(pid) in (None, "Z"):
+            return True
+        time.sleep(0.05)
+    return False
 
 
 # ---------------------------------------------------------------- strict box (training reward)
@@ -153,11 +172,11 @@ def test_loaded_through_verl_custom_reward_loader():
 
 def test_hanging_parser_times_out_counted_and_no_leak():
     timeout = 1.5
-    before = _children()
     runner = KillableRunner(timeout_s=timeout, max_workers=1)
     try:
         res = runner.run(score_math_verify, "\\boxed{1}", "1")  # starts the worker (not charged to the timeout)
         assert res.value["acc"] and not res.timed_out
+        before = _descendants() - set(runner.worker_pids())
         worker_pid = runner.worker_pids()[0]
         t0 = time.perf_counter()
         res = runner.run(score_math_verify, HANG, "5")
@@ -165,11 +184,15 @@ def test_hanging_parser_times_out_counted_and_no_leak():
         assert res.timed_out and res.value is None
         assert wall < timeout + 1.0, f"hanging call returned after {wall:.2f}s (timeout {timeout}s)"
         assert runner.stats["timeouts"] == 1
-        assert worker_pid not in _children() and runner.worker_pids() == []  # killed and reaped
+        assert _gone(worker_pid) and runner.worker_pids() == []  # killed and reaped by the fork server
+        t0 = time.perf_counter()
         assert runner.run(score_math_verify, "\\boxed{2}", "2").value["acc"]  # a fresh worker takes over
+        assert time.perf_counter() - t0 < 1.0  # forked from the preloaded fork server, not a new interpreter
+        new_pid = runner.worker_pids()[0]
     finally:
         runner.close()
-    assert _children() <= before, "reward worker processes leaked"
+    assert _gone(new_pid), "closed runner left its worker running"
+    assert _descendants() <= before, f"reward worker processes leaked: {_descendants() - before}"
 
 
 def test_compute_score_reports_timeout():
@@ -199,7 +222,7 @@ def test_per_call_overhead_and_thread_safety(capsys):
 
 
 def test_workers_die_with_a_killed_parent(tmp_path):
-    """PR_SET_PDEATHSIG: a SIGKILLed trainer process must not leave a scorer worker behind (Linux only)."""
+    """PR_SET_PDEATHSIG: a SIGKILLed trainer must not leave a hung scorer worker (or the fork server) behind."""
     import signal
     import subprocess
     import sys
@@ -219,16 +242,10 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     try:
         worker = int(parent.stdout.readline())
         time.sleep(0.3)
+        assert _state(worker) not in (None, "Z")
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
-        deadline = time.time() + 5
-        while time.time() < deadline and Path(f"/proc/{worker}").exists():
-            stat = Path(f"/proc/{worker}/stat").read_text() if Path(f"/proc/{worker}").exists() else ""
-            if stat and stat.rsplit(")", 1)[1].split()[0] == "Z":
-                break  # dead, waiting for init to reap it
-            time.sleep(0.1)
-        alive = Path(f"/proc/{worker}").exists() and Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        assert not alive, f"worker {worker} survived its parent"
+        assert _gone(worker, 5.0), f"worker {worker} survived its SIGKILLed parent"
     finally:
         if parent.poll() is None:
             parent.kill()
