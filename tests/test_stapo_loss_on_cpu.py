@@ -323,3 +323,28 @@ def test_invalid_config_values_name_the_key(kw, key):
     kw = {"loss_mode": "stapo", **kw}
     with pytest.raises(StapoConfigError, match=key):
         StapoPolicyLossConfig(**kw)
+
+
+@pytest.mark.parametrize("normalizer,denominator", [("kept", 0.5 * 6), ("all_tokens", 6.0)])
+def test_top_entropy_loss_closed_form(normalizer, denominator):
+    # 6 valid tokens, ρ = 0.5 -> keep the 3 highest-entropy ones; ratio 1 so each token loss is −Â.
+    ent = torch.tensor([[0.1, 2.0, 0.3, 1.5], [0.9, 0.2, 0.0, 0.0]], dtype=torch.float64)
+    rm = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    adv = torch.tensor([[1.0] * 4, [-2.0] * 4], dtype=torch.float64)
+    old = torch.zeros(2, 4, dtype=torch.float64)
+    logp = old.clone().requires_grad_(True)
+    cfg = actor_config("top_entropy", top_entropy_ratio=0.5, top_entropy_normalizer=normalizer)
+    _set_global(cfg, batch_num_tokens=6, global_batch_size=2)
+    tok = state.LOSS_CONTEXT.set(state.LossContext(entropy=ent))
+    try:
+        loss, m = _call("top_entropy", cfg, old_log_prob=old, log_prob=logp, advantages=adv, response_mask=rm)
+    finally:
+        state.LOSS_CONTEXT.reset(tok)
+    # kept: H = 2.0 (Â=1), 1.5 (Â=1), 0.9 (Â=−2): Σ loss = −1 − 1 + 2 = 0; the gradient carries the scale
+    assert loss.item() == pytest.approx(0.0, abs=1e-12)
+    loss.backward()
+    expected = torch.zeros(2, 4, dtype=torch.float64)
+    expected[0, 1] = expected[0, 3] = -1.0 / denominator
+    expected[1, 0] = 2.0 / denominator
+    torch.testing.assert_close(logp.grad, expected)
+    assert m["actor/top_entropy/kept_frac"] == pytest.approx(3 / 6)
