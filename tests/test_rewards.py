@@ -97,6 +97,9 @@ def test_strict_box_pathological_shapes():
     big = "x" * 100_000 + "\\boxed{34}"
     assert score_strict_box(big, "34")["acc"] and score_math_verify(big, "34")["acc"]
     assert score_strict_box("\\boxed{" + "{" * 50_000, "34")["no_box"]  # 50k unclosed braces: linear scan
+    # One "$" then 100k characters makes verl's normalize_final_answer regexes run for minutes (D12);
+    # such long box contents are compared raw.
+    assert not score_strict_box("\\boxed{$" + "x" * 100_000 + "}", "34")["acc"]
     assert time.perf_counter() - t0 < 2.0
 
 
@@ -195,6 +198,20 @@ def test_hanging_parser_times_out_counted_and_no_leak():
     assert _descendants() <= before, f"reward worker processes leaked: {_descendants() - before}"
 
 
+def test_degenerate_normalisation_input_is_cut_off_by_the_timeout():
+    """D12 for the strict scorer's normaliser itself: the killable runner bounds it."""
+    from stapo_verl.rewards.dapo import normalize_final_answer
+
+    runner = KillableRunner(timeout_s=1.0, max_workers=1)
+    try:
+        runner.run(normalize_final_answer, "1")
+        t0 = time.perf_counter()
+        res = runner.run(normalize_final_answer, "$" + "x" * 100_000)
+        assert res.timed_out and time.perf_counter() - t0 < 2.0
+    finally:
+        runner.close()
+
+
 def test_compute_score_reports_timeout():
     t0 = time.perf_counter()
     out = compute_score("math500", HANG, "5", timeout_s=1.0)
@@ -249,3 +266,38 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.parametrize("manager_name", ["naive", "dapo"])
+def test_through_verl_reward_loop_manager(manager_name):
+    """verl 0.9.1's own reward-loop manager (``experimental/reward_loop/reward_manager``) calls our function."""
+    import numpy as np
+    import torch
+    from omegaconf import OmegaConf
+    from verl import DataProto
+    from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    class CharTokenizer:  # ids are code points: decode is exact and needs no model files
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(int(i)) for i in ids)
+
+    cfg = OmegaConf.create({"reward": {"reward_kwargs": {}, "custom_reward_function": {
+        "path": "pkg://stapo_verl.rewards", "name": "compute_score", "reward_kwargs": {}}}})
+    manager = get_reward_manager_cls(manager_name)(cfg, CharTokenizer(), get_custom_reward_fn(cfg))
+    outs = []
+    for text, source, gt in [(PAD + "\\boxed{34}", "math_dapo", "34"), ("no box", "math_dapo", "34"),
+                             ("\\boxed{\\frac{1}{2}}", "math500", "0.5")]:
+        ids = torch.tensor([ord(c) for c in text] + [0, 0])  # right padding, masked out below
+        data = DataProto.from_dict(
+            tensors={"prompts": torch.tensor([[1, 2]]), "responses": ids[None],
+                     "attention_mask": torch.cat([torch.ones(2 + len(text)), torch.zeros(2)])[None].long()},
+            non_tensors={"data_source": np.array([source], dtype=object),
+                         "reward_model": np.array([{"ground_truth": gt, "style": "rule"}], dtype=object),
+                         "extra_info": np.array([{"index": 0}], dtype=object)},
+        )
+        outs.append(manager.loop.run_until_complete(manager.run_single(data)))
+    assert [o["reward_score"] for o in outs] == [1.0, -1.0, 1.0]
+    assert [o["reward_extra_info"]["acc"] for o in outs] == [True, False, True]
+    assert [o["reward_extra_info"]["no_box"] for o in outs] == [False, True, False]
+    assert all(set(o["reward_extra_info"]) >= KEYS for o in outs)

@@ -13,7 +13,8 @@ and STAPO train with; spec §6.1, §9.3, A15), with two deliberate differences:
    response) means "no answer", exactly as in verl.
 2. **Normalised comparison.** Prediction and ground truth are both passed through verl's
    ``math_dapo.normalize_final_answer`` (called, not copied) before the exact string comparison; an exact raw
-   match is accepted first. ``normalize=False`` gives JustRL's pure exact match.
+   match is accepted first. ``normalize=False`` gives JustRL's pure exact match. Contents longer than
+   :data:`MAX_NORMALIZE_CHARS` are compared raw (verl never normalises more than 300 characters).
 
 These functions can be slow on adversarial input (D12: ``normalize_final_answer``'s regexes); callers run them
 through :mod:`stapo_verl.rewards.timeout`.
@@ -27,6 +28,9 @@ from collections.abc import Callable
 
 #: Characters at the end of a response in which the final box must close (verl ``math_dapo.py:267``).
 TAIL_CHARS = 300
+#: Longer box contents are compared raw only. verl never normalises more than its 300-character window, and
+#: ``normalize_final_answer`` is super-linear on long inputs (one ``$`` + 16k characters: 3 s; 100k: minutes, D12).
+MAX_NORMALIZE_CHARS = 2000
 BOX_OPEN = "\\boxed{"
 
 _normalize: Callable[[str], str] | None = None
@@ -121,7 +125,8 @@ def score_strict_box(
         solution_str: decoded response text.
         ground_truth: the reference answer (DAPO-Math-17k: an integer as a string).
         tail_chars: see :func:`extract_boxed_answer`.
-        normalize: compare after verl's ``normalize_final_answer`` (True) or raw exact match only (False).
+        normalize: compare after verl's ``normalize_final_answer`` (True) or raw exact match only (False);
+            box contents longer than :data:`MAX_NORMALIZE_CHARS` are always compared raw.
 
     Returns:
         ``{"score": 1.0 | -1.0, "acc": bool, "pred": str, "timeout": False, "no_box": bool}``; ``pred`` is the
@@ -133,7 +138,7 @@ def score_strict_box(
     gt = str(ground_truth)
     if boxed == gt:
         correct, pred = True, boxed
-    elif normalize:
+    elif normalize and len(boxed) <= MAX_NORMALIZE_CHARS:
         pred = normalize_final_answer(boxed)
         correct = pred == normalize_final_answer(gt)
     else:

@@ -7,8 +7,9 @@ wrong. Gold and prediction are parsed with ``math_verify.parse`` (LaTeX first, t
 with ``math_verify.verify`` (symbolic equality, fractions, intervals, sets/tuples, ``\\text{}`` and units handled by
 math-verify's normalisation; numbers compared after rounding to 6 digits).
 
-A fast numeric path accepts equal plain numbers (``1,000`` = ``1000`` = ``1000.0``) without sympy; any other
-outcome is decided by math-verify, so the fast path never makes the scorer stricter.
+Fast paths accept strings identical up to whitespace and equal plain numbers (``1,000`` = ``1000`` = ``1000.0``,
+``4.5\\times 10^{33}`` = ``4.5e33``) without sympy; any other outcome is decided by math-verify, so the fast paths
+never make the scorer stricter.
 
 math-verify's own ``signal.alarm`` timeouts are disabled (``parsing_timeout=None``, ``timeout_seconds=None``):
 they fail in threads, and the hard timeout of :mod:`stapo_verl.rewards.timeout` is the single, counted mechanism.
@@ -24,6 +25,8 @@ from stapo_verl.rewards.dapo import extract_boxed_answer, normalize_final_answer
 
 _NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(\D|$))")
+# LaTeX scientific notation, e.g. Minerva-style "4.5 \times 10^{33}" (gold answers there are written "4.5e33").
+_LATEX_SCI = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot)10\^\{?([+-]?\d+)\}?$")
 
 _mv = None
 
@@ -43,7 +46,8 @@ def _math_verify():
 
 
 def as_number(text: str) -> Decimal | None:
-    """Parse a plain decimal number after light clean-up (``$``, spaces, thousands commas, verl normalisation).
+    """Parse a plain decimal number after light clean-up (``$``, spaces, thousands commas, ``a\\times 10^{b}``,
+    verl normalisation).
 
     Args:
         text: an answer string such as ``"2,125"``, ``"27.0"`` or ``"\\$18"``.
@@ -53,6 +57,9 @@ def as_number(text: str) -> Decimal | None:
     """
     s = text.strip().strip("$").replace("\\!", "").replace("\\,", "").replace(" ", "")
     s = _THOUSANDS.sub("", s)
+    sci = _LATEX_SCI.match(s)
+    if sci:
+        s = f"{sci.group(1)}e{sci.group(2)}"
     if not _NUMBER.match(s):
         s = _THOUSANDS.sub("", normalize_final_answer(s))
         if not _NUMBER.match(s):
@@ -80,12 +87,15 @@ def answers_equivalent(pred: str, gold: str) -> bool:
         gold: reference answer, e.g. ``"0.5"`` or OlympiadBench's ``"$(2,4)$"`` (outer ``$`` are stripped).
 
     Returns:
-        True if equal as plain numbers, or if ``math_verify.verify(parse(gold), parse(pred))`` holds.
+        True if identical up to whitespace, equal as plain numbers, or if
+        ``math_verify.verify(parse(gold), parse(pred))`` holds.
         May run for a long time on adversarial input: call through the timeout runner.
     """
     gold = gold.strip()
     if len(gold) >= 2 and gold[0] == "$" and gold[-1] == "$":
         gold = gold.strip("$").strip()
+    if "".join(pred.split()) == "".join(gold.split()):
+        return True  # identical up to spaces: skip sympy, whose symbolic checks can exceed the timeout under load
     a, b = as_number(pred), as_number(gold)
     if a is not None and b is not None and a == b:
         return True

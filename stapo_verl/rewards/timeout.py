@@ -9,17 +9,21 @@ hung parser can neither block training nor leak a process.
 
 Design (measured numbers are in ``docs/data_rewards_eval.md``):
 
-* Each worker is a ``python -c "...worker_main()"`` subprocess speaking length-prefixed pickles over
-  stdin/stdout. Not ``multiprocessing``: its spawn/forkserver methods re-import the caller's ``__main__`` (which
-  breaks scripts without a main guard), and ``fork`` from verl's multi-threaded reward workers is unsafe.
-* A worker imports math-verify and verl's ``math_dapo`` before it reports ready, and its start-up is not charged
-  to any call's timeout. A call then costs one pipe round trip when a worker is idle.
+* One fork server ("zygote") per trainer process: a ``python -c ...zygote_main()`` subprocess that imports
+  math-verify and verl's ``math_dapo`` once. Workers are forked from it on request (single-threaded, so forking
+  is safe even though verl calls us from many threads) and talk to us over a Unix socket pair with
+  length-prefixed pickles. A replacement worker after a timeout is ready in a few milliseconds.
+  Not ``multiprocessing``: its spawn/forkserver methods re-import the caller's ``__main__`` (breaking scripts
+  without a main guard), and ``fork`` from verl's multi-threaded reward workers is unsafe.
+* A call costs one socket round trip (tens of microseconds) when a worker is idle; a worker start is never
+  charged to a call's timeout.
 * The pool is thread-safe: up to ``max_workers`` calls run concurrently (verl's reward managers call
   ``compute_score`` through ``loop.run_in_executor(None, ...)``, i.e. from a thread pool); further calls wait.
-* Workers arm ``PR_SET_PDEATHSIG`` (Linux; they are forked from one long-lived spawner thread, because the signal
-  follows the forking *thread*) so they die with the trainer even if it is SIGKILLed, and set an ``RLIMIT_AS``
-  cap (env ``STAPO_REWARD_WORKER_MEM_MB``, default 8192) so a runaway big-integer computation fails with
-  ``MemoryError`` instead of exhausting the host.
+* No leaks: the zygote ignores ``SIGCHLD`` so the kernel reaps killed workers; ``PR_SET_PDEATHSIG`` (Linux) makes
+  the zygote die with the trainer (it is started from one long-lived spawner thread, because the signal follows
+  the forking *thread*) and the workers die with the zygote, even if the trainer is SIGKILLed. Workers also set
+  an ``RLIMIT_AS`` cap (env ``STAPO_REWARD_WORKER_MEM_MB``, default 8192) so a runaway big-integer computation
+  fails with ``MemoryError`` instead of exhausting the host.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import pickle
 import queue
 import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -67,7 +72,7 @@ class CallResult:
     elapsed_s: float
 
 
-def _set_child_limits() -> None:
+def _set_child_limits(address_space: bool = True) -> None:
     """Die with the parent (Linux) and cap the address space; both best effort."""
     if sys.platform.startswith("linux"):
         try:
@@ -77,7 +82,7 @@ def _set_child_limits() -> None:
         except OSError:
             pass
     mem_mb = int(os.environ.get("STAPO_REWARD_WORKER_MEM_MB", "8192"))
-    if mem_mb > 0:
+    if address_space and mem_mb > 0:
         try:
             import resource
 
@@ -108,29 +113,22 @@ def _read_msg(stream):
     return pickle.loads(_read_exact(stream, n))
 
 
-def worker_main() -> None:
-    """Entry point of a worker process (started by :class:`_Spawner`).
-
-    Protocol on stdin/stdout: length-prefixed pickles. Sends ``"ready"`` after the preloads, then answers each
-    ``(fn, args, kwargs)`` with ``(ok, value_or_error)``; exits on ``None`` or EOF.
-    """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business; it kills us explicitly
-    parent = int(os.environ.get("STAPO_REWARD_PARENT_PID", "0"))
-    _set_child_limits()
-    if parent and os.getppid() != parent:  # the parent died before PDEATHSIG was armed
-        return
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # stray prints from scorers must not corrupt the protocol
-    for name in _PRELOAD:  # imported before "ready" so their cost never counts against a call's timeout
+def _preload() -> None:
+    """Import (and warm) the scorer modules, so that forked workers start ready to score."""
+    for name in _PRELOAD:
         importlib.import_module(name)
     from stapo_verl.rewards import dapo, math_verify_scorer
 
     dapo.normalize_final_answer("1")
     math_verify_scorer._math_verify()
-    _write_msg(stdout, "ready")
+
+
+def _serve(rfile, wfile) -> None:
+    """Worker loop: send ``"ready"``, then answer each ``(fn, args, kwargs)`` with ``(ok, value_or_error)``."""
+    _write_msg(wfile, "ready")
     while True:
         try:
-            msg = _read_msg(stdin)
+            msg = _read_msg(rfile)
         except (EOFError, OSError):
             return
         if msg is None:
@@ -141,16 +139,57 @@ def worker_main() -> None:
         except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent as a wrong answer
             reply = (False, f"{type(exc).__name__}: {exc}"[:500])
         try:
-            _write_msg(stdout, reply)
+            _write_msg(wfile, reply)
         except (EOFError, OSError):
             return
 
 
+def zygote_main(ctrl_fd: int) -> None:
+    """Entry point of the fork-server ("zygote") process, started by :class:`_Zygote`.
+
+    Imports the scorers once, then for every file descriptor received on the control socket forks a worker that
+    serves :func:`_serve` on it, and replies with the worker's PID (8 bytes). ``SIGCHLD`` is ignored, so the kernel
+    reaps killed workers (no zombies). Exits when the control socket closes or its parent dies.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    parent = int(os.environ.get("STAPO_REWARD_PARENT_PID", "0"))
+    _set_child_limits(address_space=False)
+    if parent and os.getppid() != parent:  # the parent died before PDEATHSIG was armed
+        return
+    sys.stdout = sys.stderr  # stray prints must not reach the parent's stdout protocol users
+    ctrl = socket.socket(fileno=ctrl_fd)
+    _preload()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    ctrl.sendall(b"R")
+    me = os.getpid()
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(ctrl, 1, 1)
+        except OSError:
+            return
+        if not msg or not fds:
+            return
+        pid = os.fork()
+        if pid == 0:  # worker: forked from this single-threaded process, so forking is safe
+            try:
+                ctrl.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                _set_child_limits()
+                if os.getppid() == me:
+                    sock = socket.socket(fileno=fds[0])
+                    _serve(sock.makefile("rb"), sock.makefile("wb"))
+            finally:
+                os._exit(0)
+        os.close(fds[0])
+        ctrl.sendall(struct.pack("<q", pid))
+
+
 class _Spawner:
-    """Starts worker processes from one long-lived daemon thread.
+    """Starts the zygote from one long-lived daemon thread.
 
     ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits; verl calls the reward function from
-    short-lived executor threads, so workers are always forked from this thread, which lives as long as the process.
+    executor threads that may come and go, so the zygote is always started from this thread, which lives as long
+    as the process.
     """
 
     def __init__(self) -> None:
@@ -160,91 +199,147 @@ class _Spawner:
 
     def _loop(self) -> None:
         while True:
-            done, box = self._requests.get()
+            fd, done, box = self._requests.get()
             try:
                 env = dict(os.environ)
                 env["STAPO_REWARD_PARENT_PID"] = str(os.getpid())
                 # The child must import this package from wherever the parent does (editable installs, tests).
                 env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-                box.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", "from stapo_verl.rewards.timeout import worker_main; worker_main()"],
-                        stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE,
-                        env=env,
-                        close_fds=True,
-                    )
-                )
+                code = f"from stapo_verl.rewards.timeout import zygote_main; zygote_main({fd})"
+                box.append(subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(fd,),
+                                            stdin=subprocess.DEVNULL))
             except BaseException as exc:  # noqa: BLE001 - handed to the requesting thread
                 box.append(exc)
             done.set()
 
-    def popen(self) -> subprocess.Popen:
+    def popen(self, fd: int) -> subprocess.Popen:
+        """Start a zygote that inherits ``fd`` (its control socket); raises what ``Popen`` raised."""
         done, box = threading.Event(), []
-        self._requests.put((done, box))
+        self._requests.put((fd, done, box))
         done.wait()
         if isinstance(box[0], BaseException):
             raise box[0]
         return box[0]
 
 
+class _Zygote:
+    """Parent-side handle of the fork server: ``fork_worker()`` returns a ready-to-use worker in milliseconds."""
+
+    def __init__(self, start_timeout_s: float) -> None:
+        self.sock, child = socket.socketpair()
+        try:
+            self.proc = _get_spawner().popen(child.fileno())
+        finally:
+            child.close()
+        self.lock = threading.Lock()
+        r, _, _ = select.select([self.sock], [], [], start_timeout_s)
+        if not r or self.sock.recv(1) != b"R":
+            self.close()
+            raise RuntimeError(f"reward fork server did not start within {start_timeout_s} s")
+
+    def alive(self) -> bool:
+        """Whether the fork server is still running."""
+        return self.proc.poll() is None
+
+    def fork_worker(self) -> tuple[int, socket.socket]:
+        """Fork a worker; returns its PID and our end of its socket. Raises ``EOFError`` if the server died."""
+        ours, theirs = socket.socketpair()
+        try:
+            with self.lock:
+                socket.send_fds(self.sock, [b"F"], [theirs.fileno()])
+                data = b""
+                while len(data) < 8:
+                    chunk = self.sock.recv(8 - len(data))
+                    if not chunk:
+                        raise EOFError("reward fork server exited")
+                    data += chunk
+        finally:
+            theirs.close()
+        return struct.unpack("<q", data)[0], ours
+
+    def close(self) -> None:
+        """Close the control socket (the server exits on EOF); kill it if it does not within 2 s."""
+        try:
+            self.sock.close()
+            self.proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
 _spawner: _Spawner | None = None
-_spawner_lock = threading.Lock()
+_zygote: _Zygote | None = None
+_global_lock = threading.Lock()
 
 
 def _get_spawner() -> _Spawner:
     global _spawner
-    with _spawner_lock:
-        if _spawner is None or _spawner._pid != os.getpid():
-            _spawner = _Spawner()
-        return _spawner
+    if _spawner is None or _spawner._pid != os.getpid():
+        _spawner = _Spawner()
+    return _spawner
+
+
+def _get_zygote(start_timeout_s: float) -> _Zygote:
+    global _zygote
+    with _global_lock:
+        if _zygote is None or not _zygote.alive() or _spawner is None or _spawner._pid != os.getpid():
+            _zygote = _Zygote(start_timeout_s)
+        return _zygote
 
 
 class _Worker:
-    """One worker process with its stdin/stdout pipes."""
+    """One worker process (a child of the zygote) and the socket to it."""
 
     def __init__(self, start_timeout_s: float) -> None:
-        self.proc = _get_spawner().popen()
-        self.pid = self.proc.pid
+        self.pid, self.sock = _get_zygote(start_timeout_s).fork_worker()
+        self.rfile, self.wfile = self.sock.makefile("rb"), self.sock.makefile("wb")
         if not self.readable(start_timeout_s) or self.recv() != "ready":
             self.kill()
             raise RuntimeError(f"reward worker did not start within {start_timeout_s} s")
 
     def readable(self, timeout: float) -> bool:
-        r, _, _ = select.select([self.proc.stdout], [], [], max(0.0, timeout))
+        """Wait up to ``timeout`` seconds for a reply; True when one can be read."""
+        r, _, _ = select.select([self.sock], [], [], max(0.0, timeout))
         return bool(r)
 
     def send(self, obj) -> None:
-        _write_msg(self.proc.stdin, obj)
+        """Send one pickled message."""
+        _write_msg(self.wfile, obj)
 
     def recv(self):
-        return _read_msg(self.proc.stdout)
+        """Read one pickled message (blocks; call :meth:`readable` first). Raises ``EOFError`` if it died."""
+        return _read_msg(self.rfile)
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """Whether the worker process exists."""
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # pragma: no cover - PID reused by another user's process
+            return False
+        return True
 
     def kill(self) -> None:
-        """SIGKILL and reap the process (no zombie), then close the pipes."""
+        """SIGKILL the worker (the zygote reaps it) and close the socket."""
         try:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for f in (self.rfile, self.wfile, self.sock):
             try:
-                stream.close()
+                f.close()
             except OSError:
                 pass
 
     def stop(self) -> None:
-        """Ask an idle worker to exit; kill it if it does not within 1 s."""
+        """Ask an idle worker to exit, then make sure it is gone."""
         try:
             self.send(None)
-            self.proc.wait(timeout=1)
-        except (OSError, ValueError, subprocess.TimeoutExpired):
+        except (OSError, ValueError):
             pass
         self.kill()
+
 
 
 class KillableRunner:
@@ -255,7 +350,7 @@ class KillableRunner:
         max_workers: most concurrent calls / live workers; default ``min(4, os.cpu_count())``
             (env ``STAPO_REWARD_WORKERS`` overrides).
 
-        start_timeout_s: how long a new worker may take to import its modules (not charged to any call).
+        start_timeout_s: how long the fork server may take to import the scorers (not charged to any call).
 
     Counters ``calls``, ``timeouts``, ``errors`` and ``respawns`` (worker starts) are kept in :attr:`stats`.
     Thread-safe. After ``os.fork()`` a child process transparently starts its own workers.
@@ -376,3 +471,5 @@ _RUNNERS: weakref.WeakSet[KillableRunner] = weakref.WeakSet()
 def _close_all() -> None:
     for runner in list(_RUNNERS):
         runner.close()
+    if _zygote is not None and _spawner is not None and _spawner._pid == os.getpid():
+        _zygote.close()
