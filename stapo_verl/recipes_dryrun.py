@@ -60,6 +60,10 @@ class DryRunError(RuntimeError):
     """A recipe-level check failed (the message names the keys and the rule)."""
 
 
+class _Stop(Exception):
+    """Internal: a step failed and was reported; stop the dry-run."""
+
+
 @dataclass
 class DryRunReport:
     """Outcome of :func:`dry_run`.
@@ -247,9 +251,13 @@ def _run_worker_configs(config) -> str:
         )
     if arr.actor.use_dynamic_bsz:
         if arr.rollout.log_prob_max_token_len_per_gpu is None or arr.actor.ppo_max_token_len_per_gpu is None:
-            raise DryRunError("dynamic bsz needs actor.ppo_max_token_len_per_gpu and rollout.log_prob_max_token_len_per_gpu")
+            raise DryRunError(
+                "dynamic bsz needs actor.ppo_max_token_len_per_gpu and rollout.log_prob_max_token_len_per_gpu"
+            )
     elif arr.rollout.log_prob_micro_batch_size_per_gpu is None or arr.actor.ppo_micro_batch_size_per_gpu is None:
-        raise DryRunError("without dynamic bsz set actor.ppo_micro_batch_size_per_gpu and rollout.log_prob_micro_batch_size_per_gpu")
+        raise DryRunError(
+            "without dynamic bsz set actor.ppo_micro_batch_size_per_gpu and rollout.log_prob_micro_batch_size_per_gpu"
+        )
     world = config.trainer.nnodes * config.trainer.n_gpus_per_node
     infer_world = rollout.tensor_model_parallel_size * rollout.data_parallel_size * rollout.pipeline_model_parallel_size
     if world % infer_world:
@@ -338,7 +346,6 @@ def _model_checks(config) -> tuple[str, str]:
 
     with open(cfg_json, encoding="utf-8") as f:
         hf = json.load(f)
-    omega_conf_to_dataclass(arr.model)
     mg = arr.actor.megatron
     layers, heads = hf.get("num_hidden_layers"), hf.get("num_attention_heads")
     kv = hf.get("num_key_value_heads", heads)
@@ -350,6 +357,8 @@ def _model_checks(config) -> tuple[str, str]:
             raise DryRunError(f"num_attention_heads={heads} is not divisible by {name}={t}")
         if kv and kv % t and t % kv:
             raise DryRunError(f"num_key_value_heads={kv} and {name}={t}: neither divides the other")
+    # Shape first (pure JSON), then what the worker builds: HF config + tokenizer, no weights.
+    omega_conf_to_dataclass(arr.model)
     return "PASS", f"HFModelConfig built; layers={layers} heads={heads} kv_heads={kv} fit TP/PP"
 
 
@@ -461,9 +470,11 @@ def _summary(config) -> list[tuple[str, Any]]:
         * sel(mg + "context_parallel_size")
     )
     fp8 = sel(mg + "override_transformer_config.fp8")
-    precision = "bf16" if fp8 in (None, False) else f"fp8 (TE {fp8}/{sel(mg + 'override_transformer_config.fp8_recipe')})"
+    recipe = sel(mg + "override_transformer_config.fp8_recipe")
+    precision = "bf16" if fp8 in (None, False) else f"fp8 (TE {fp8}/{recipe})"
     if sel(arr + "rollout.quantization"):
         precision += f", rollout {sel(arr + 'rollout.quantization')}"
+    ray_address = os.environ.get("RAY_ADDRESS")
     out += [
         ("derived.precision", precision),
         ("derived.world_size", world),
@@ -474,7 +485,7 @@ def _summary(config) -> list[tuple[str, Any]]:
             "derived.optimizer_steps_per_step",
             sel("data.train_batch_size") // sel(arr + "actor.ppo_mini_batch_size") * sel(arr + "actor.ppo_epochs"),
         ),
-        ("derived.ray", f"RAY_ADDRESS={os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else "local ray.init"),
+        ("derived.ray", f"RAY_ADDRESS={ray_address}" if ray_address else "local ray.init"),
     ]
     return out
 
@@ -565,10 +576,6 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
         emit(f"  {k:<{width}} = {v}")
     emit(f"{PREFIX} OK")
     return report
-
-
-class _Stop(Exception):
-    pass
 
 
 def main(argv: list[str] | None = None) -> int:

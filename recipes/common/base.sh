@@ -1,0 +1,312 @@
+# shellcheck shell=bash
+# Shared base of every STAPO / baseline recipe (sourced by recipes/run.sh; not run on its own).
+#
+# One place for the paper's training setup (spec §6.1, verl_notes §9), the per-size deltas (TP/PP,
+# token budgets, offload; sized for 8 x 80 GB H100 per node, justified in docs/recipes.md), the
+# per-method deltas (STAPO, its ablations, GRPO, 20-Entropy, JustRL; spec §8-§9, A17/A18) and the
+# precision switch (PRECISION=bf16|fp8). Everything is a Hydra override of verl 0.9.1's ppo_trainer
+# config, so `--dry-run` validates exactly what `python -m verl.trainer.main_ppo` would receive.
+#
+# Every default below can be changed with the environment variable of the same name; anything else
+# is changed with trailing Hydra overrides (they are appended last, so they win). A key that the base
+# adds with `+key=value` is overridden by passing `key=value` (without the `+`).
+
+# ---------------------------------------------------------------------------------------------------
+# Allowed values (checked before anything runs, so a typo fails fast with the list).
+STAPO_SIZES=(1.7b 8b 14b)
+STAPO_METHODS=(stapo stapo_high_entropy stapo_random stapo_full_mask grpo top_entropy justrl)
+STAPO_PRECISIONS=(bf16 fp8)
+
+stapo_die() {
+    echo "[stapo recipe] ERROR: $*" >&2
+    exit 2
+}
+
+stapo_in_list() {
+    # stapo_in_list <value> <item>...: 0 if value is one of the items.
+    local v=$1
+    shift
+    local x
+    for x in "$@"; do [[ $x == "$v" ]] && return 0; done
+    return 1
+}
+
+stapo_is_true() {
+    case ${1,,} in 1 | true | yes | on) return 0 ;; *) return 1 ;; esac
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Per-size deltas. Only what differs between sizes lives here; memory estimates in docs/recipes.md §3.
+#   ACTOR_TP/PP/CP        Megatron tensor/pipeline/context parallel sizes of the actor (and ref).
+#   ROLLOUT_TP            vLLM tensor parallel size.
+#   PPO_MAX_TOKEN_LEN     dynamic-batch token budget per GPU of the training forward/backward.
+#   LOGPROB_MAX_TOKEN_LEN token budget per GPU of the no-grad old/ref log-prob passes.
+#   OFFLOAD               1: Megatron params+grads and optimizer states leave the GPU during rollout.
+#   ROLLOUT_GPU_MEM_UTIL  vLLM's share of each GPU (weights + KV cache) while it is awake.
+stapo_size_defaults() {
+    local size=$1
+    case $size in
+    1.7b)
+        : "${MODEL_PATH:=Qwen/Qwen3-1.7B-Base}"
+        : "${ACTOR_TP:=1}" "${ACTOR_PP:=1}" "${ACTOR_CP:=1}" "${ROLLOUT_TP:=1}"
+        : "${PPO_MAX_TOKEN_LEN:=32768}" "${LOGPROB_MAX_TOKEN_LEN:=32768}"
+        : "${OFFLOAD:=0}" "${ROLLOUT_GPU_MEM_UTIL:=0.5}"
+        ;;
+    8b)
+        : "${MODEL_PATH:=Qwen/Qwen3-8B-Base}"
+        : "${ACTOR_TP:=2}" "${ACTOR_PP:=1}" "${ACTOR_CP:=1}" "${ROLLOUT_TP:=2}"
+        : "${PPO_MAX_TOKEN_LEN:=32768}" "${LOGPROB_MAX_TOKEN_LEN:=65536}"
+        : "${OFFLOAD:=1}" "${ROLLOUT_GPU_MEM_UTIL:=0.6}"
+        ;;
+    14b)
+        : "${MODEL_PATH:=Qwen/Qwen3-14B-Base}"
+        : "${ACTOR_TP:=4}" "${ACTOR_PP:=1}" "${ACTOR_CP:=1}" "${ROLLOUT_TP:=2}"
+        : "${PPO_MAX_TOKEN_LEN:=32768}" "${LOGPROB_MAX_TOKEN_LEN:=65536}"
+        : "${OFFLOAD:=1}" "${ROLLOUT_GPU_MEM_UTIL:=0.6}"
+        ;;
+    *) stapo_die "unknown size '$size' (allowed: ${STAPO_SIZES[*]})" ;;
+    esac
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Environment defaults shared by all sizes (call after stapo_size_defaults).
+stapo_env_defaults() {
+    local size=$1 method=$2
+    # Slurm exports the node count; outside Slurm the default is one node.
+    : "${NNODES:=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}}"
+    : "${GPUS_PER_NODE:=8}"
+    : "${DATA_DIR:=$HOME/data/stapo}"
+    : "${CKPT_DIR:=$HOME/checkpoints}"
+    : "${PRECISION:=bf16}"
+    : "${PROJECT_NAME:=stapo}"
+    : "${EXP_NAME:=qwen3-${size}-${method}-${PRECISION}}"
+    # Spec A13: the raw DAPO-Math-17k parquet is ~100x duplicated, so the length is set in steps.
+    : "${TOTAL_STEPS:=3000}"
+    : "${TEST_FREQ:=20}"
+    : "${SAVE_FREQ:=100}"
+    : "${VAL_BEFORE_TRAIN:=True}"
+    # Spec §6.2 "training-aligned" decoding (T=1.0, top-p 1.0). verl has one n for all validation
+    # files, so in-training validation uses avg@4 everywhere; the avg@32 numbers for AIME/AMC come
+    # from the offline evaluation (stapo_verl.eval). JustRL setting: VAL_TEMPERATURE=0.7 VAL_TOP_P=0.9.
+    : "${VAL_N:=4}" "${VAL_TEMPERATURE:=1.0}" "${VAL_TOP_P:=1.0}"
+    : "${LOGGER:=['console','wandb']}"
+    # STAPO hyperparameters (spec §0) and ablation knobs.
+    : "${STAPO_TAU_P:=0.002}" "${STAPO_Q:=0.75}" "${STAPO_STATS_SOURCE:=old_policy}"
+    : "${TOP_ENTROPY_RATIO:=0.2}" "${TOP_ENTROPY_NORMALIZER:=kept}"
+    # Spec A17: GRPO baseline KL coefficient (not given by the paper; verl's GRPO example value).
+    : "${GRPO_KL_COEF:=0.001}"
+    # FP8 knobs (only read when PRECISION=fp8). verl docs/low_precision/fp8.md: hybrid + blockwise
+    # on Hopper, token-level TIS with C=2 next to FP8 rollout.
+    : "${FP8_FORMAT:=hybrid}" "${FP8_RECIPE:=blockwise}" "${TIS_THRESHOLD:=2.0}"
+    : "${DIST_CKPT_PATH:=}"
+    : "${PYTHON:=python3}"
+    stapo_in_list "$PRECISION" "${STAPO_PRECISIONS[@]}" ||
+        stapo_die "PRECISION='$PRECISION' (allowed: ${STAPO_PRECISIONS[*]})"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# The paper's setup (spec §6.1 / verl_notes §9). Appends to the global array STAPO_OVERRIDES.
+stapo_base_overrides() {
+    local d=$DATA_DIR
+    local val="['$d/aime24.parquet','$d/aime25.parquet','$d/amc23.parquet','$d/math500.parquet','$d/minerva.parquet','$d/olympiadbench.parquet']"
+    local offload=False
+    stapo_is_true "$OFFLOAD" && offload=True
+    STAPO_OVERRIDES+=(
+        # Megatron engine through verl's defaults list (ppo_megatron_trainer.yaml is deprecated).
+        model_engine=megatron
+        # GRPO advantage, G = 8, no KL anywhere, no entropy bonus (spec §3.2, D19).
+        algorithm.adv_estimator=grpo
+        algorithm.norm_adv_by_std_in_grpo=True
+        algorithm.use_kl_in_reward=False
+        # Data: DAPO-Math-17k, 256 prompts a step, 1k prompt / 15k response (spec §6.1, A13).
+        "data.train_files='$d/dapo-math-17k.parquet'"
+        "data.val_files=$val"
+        data.train_batch_size=256
+        data.max_prompt_length=1024
+        data.max_response_length=15360
+        data.filter_overlong_prompts=True
+        data.truncation=error
+        data.shuffle=True
+        # Model: HF weights loaded by Megatron-Bridge (use_mbridge, no manual conversion).
+        "actor_rollout_ref.model.path='$MODEL_PATH'"
+        actor_rollout_ref.model.use_remove_padding=True
+        # Optimizer: AdamW, lr 1e-6 constant after 10 warm-up steps, wd 0.1, clip 1.0 (spec §6.1, A12).
+        actor_rollout_ref.actor.optim.lr=1e-6
+        actor_rollout_ref.actor.optim.lr_warmup_steps=10
+        actor_rollout_ref.actor.optim.lr_decay_style=constant
+        actor_rollout_ref.actor.optim.weight_decay=0.1
+        actor_rollout_ref.actor.optim.clip_grad=1.0
+        # Batches: mini-batch 64 prompts (4 optimizer steps a rollout batch), 1 epoch, dynamic bsz.
+        actor_rollout_ref.actor.ppo_mini_batch_size=64
+        actor_rollout_ref.actor.ppo_epochs=1
+        actor_rollout_ref.actor.use_dynamic_bsz=True
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$PPO_MAX_TOKEN_LEN"
+        # Clip-higher 0.2/0.28, dual clip c = 10, token-mean (spec §3.3, A11).
+        actor_rollout_ref.actor.clip_ratio_low=0.2
+        actor_rollout_ref.actor.clip_ratio_high=0.28
+        actor_rollout_ref.actor.clip_ratio_c=10.0
+        actor_rollout_ref.actor.loss_agg_mode=token-mean
+        actor_rollout_ref.actor.entropy_coeff=0
+        actor_rollout_ref.actor.use_kl_loss=False
+        # Megatron parallelism and memory (docs/recipes.md §3).
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=$ACTOR_TP"
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=$ACTOR_PP"
+        "actor_rollout_ref.actor.megatron.context_parallel_size=$ACTOR_CP"
+        actor_rollout_ref.actor.megatron.use_mbridge=True
+        actor_rollout_ref.actor.megatron.vanilla_mbridge=False
+        actor_rollout_ref.actor.megatron.use_distributed_optimizer=True
+        actor_rollout_ref.actor.megatron.dtype=bfloat16
+        "actor_rollout_ref.actor.megatron.param_offload=$offload"
+        "actor_rollout_ref.actor.megatron.optimizer_offload=$offload"
+        # Full recompute: without it the activations at a 32k-token budget alone exceed 80 GB.
+        actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
+        actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
+        actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
+        # vLLM rollout, async server mode, n = 8, T = 1.0, top-p 1.0 (spec §6.1).
+        actor_rollout_ref.rollout.name=vllm
+        actor_rollout_ref.rollout.mode=async
+        actor_rollout_ref.rollout.n=8
+        actor_rollout_ref.rollout.temperature=1.0
+        actor_rollout_ref.rollout.top_p=1.0
+        actor_rollout_ref.rollout.top_k=-1
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=$ROLLOUT_TP"
+        "actor_rollout_ref.rollout.gpu_memory_utilization=$ROLLOUT_GPU_MEM_UTIL"
+        actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$LOGPROB_MAX_TOKEN_LEN"
+        # Validation on the six benchmarks (spec §6.2); verl's default is greedy n = 1.
+        actor_rollout_ref.rollout.val_kwargs.do_sample=True
+        "actor_rollout_ref.rollout.val_kwargs.n=$VAL_N"
+        "actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE"
+        "actor_rollout_ref.rollout.val_kwargs.top_p=$VAL_TOP_P"
+        # Reward: DAPO manager (overlong penalty off) with our strict-box scorer (spec A15).
+        reward.reward_manager.name=dapo
+        reward.custom_reward_function.path=pkg://stapo_verl.rewards
+        reward.custom_reward_function.name=compute_score
+        # Trainer.
+        "trainer.nnodes=$NNODES"
+        "trainer.n_gpus_per_node=$GPUS_PER_NODE"
+        "trainer.project_name=$PROJECT_NAME"
+        "trainer.experiment_name=$EXP_NAME"
+        "trainer.logger=$LOGGER"
+        "trainer.total_training_steps=$TOTAL_STEPS"
+        "trainer.test_freq=$TEST_FREQ"
+        "trainer.save_freq=$SAVE_FREQ"
+        "trainer.val_before_train=$VAL_BEFORE_TRAIN"
+        "trainer.default_local_dir='$CKPT_DIR/$PROJECT_NAME/$EXP_NAME'"
+        trainer.critic_warmup=0
+    )
+    if [[ -n $DIST_CKPT_PATH ]]; then
+        # Pre-converted Megatron dist checkpoint (verl scripts/converter_hf_to_mcore.py); model.path is
+        # still needed for the HF config and tokenizer.
+        STAPO_OVERRIDES+=(
+            actor_rollout_ref.actor.megatron.use_dist_checkpointing=True
+            "actor_rollout_ref.actor.megatron.dist_checkpointing_path='$DIST_CKPT_PATH'"
+        )
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Per-method deltas on top of the base (JustRL = base; STAPO = JustRL + S2T; spec §9, §10).
+stapo_method_overrides() {
+    local method=$1
+    local stapo_cfg=(
+        actor_rollout_ref.actor.policy_loss._target_=stapo_verl.config.StapoPolicyLossConfig
+        "actor_rollout_ref.actor.policy_loss.loss_mode=$method"
+        "+actor_rollout_ref.actor.policy_loss.tau_p=$STAPO_TAU_P"
+        "+actor_rollout_ref.actor.policy_loss.entropy_quantile=$STAPO_Q"
+        "+actor_rollout_ref.actor.policy_loss.stats_source=$STAPO_STATS_SOURCE"
+    )
+    case $method in
+    stapo | stapo_high_entropy | stapo_random | stapo_full_mask)
+        STAPO_OVERRIDES+=("${stapo_cfg[@]}")
+        # The current-policy route reads entropy from the training forward (verl_notes §0.2).
+        if [[ $STAPO_STATS_SOURCE == current_micro_batch ]]; then
+            STAPO_OVERRIDES+=(actor_rollout_ref.actor.calculate_entropy=True)
+        fi
+        ;;
+    justrl)
+        # verl's own vanilla loss with the base's clip-higher (spec §9.3).
+        STAPO_OVERRIDES+=(actor_rollout_ref.actor.policy_loss.loss_mode=vanilla)
+        ;;
+    grpo)
+        # Spec A17: symmetric clip, per-sequence mean, KL loss low_var_kl with beta = 0.001.
+        STAPO_OVERRIDES+=(
+            actor_rollout_ref.actor.policy_loss.loss_mode=vanilla
+            actor_rollout_ref.actor.clip_ratio_high=0.2
+            actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean
+            actor_rollout_ref.actor.use_kl_loss=True
+            actor_rollout_ref.actor.kl_loss_type=low_var_kl
+            "actor_rollout_ref.actor.kl_loss_coef=$GRPO_KL_COEF"
+            actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$LOGPROB_MAX_TOKEN_LEN"
+        )
+        if [[ -n $DIST_CKPT_PATH ]]; then
+            STAPO_OVERRIDES+=(
+                actor_rollout_ref.ref.megatron.use_dist_checkpointing=True
+                "actor_rollout_ref.ref.megatron.dist_checkpointing_path='$DIST_CKPT_PATH'"
+            )
+        fi
+        ;;
+    top_entropy)
+        # 20-Entropy (spec §9.2, A18): keep the top 20 % tokens by current-policy entropy.
+        STAPO_OVERRIDES+=(
+            actor_rollout_ref.actor.policy_loss._target_=stapo_verl.config.StapoPolicyLossConfig
+            actor_rollout_ref.actor.policy_loss.loss_mode=top_entropy
+            "+actor_rollout_ref.actor.policy_loss.top_entropy_ratio=$TOP_ENTROPY_RATIO"
+            "+actor_rollout_ref.actor.policy_loss.top_entropy_normalizer=$TOP_ENTROPY_NORMALIZER"
+            actor_rollout_ref.actor.calculate_entropy=True
+        )
+        ;;
+    *) stapo_die "unknown method '$method' (allowed: ${STAPO_METHODS[*]})" ;;
+    esac
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Precision. BF16 is the default (Megatron dtype bfloat16, vLLM bf16). PRECISION=fp8 follows verl
+# docs/low_precision/fp8.md "FP8 End-to-End": TE FP8 GEMMs with block-wise scaling, FP8 optimizer
+# recipe, FP8 vLLM rollout, and token-level TIS against the train/rollout mismatch. The LM head stays
+# BF16 on both sides (Megatron-Core's output layer is not a TE module; verl's vLLM FP8 path quantises
+# LinearBase layers only), and the entropy / log-prob reductions are the loss code's job (spec A7).
+# FP8 is not always faster than BF16 (verl_notes D18): benchmark it on your cluster first.
+stapo_precision_overrides() {
+    [[ $PRECISION == fp8 ]] || return 0
+    # verl's FP8 path requires this in every worker, not only the driver (verl_notes §8).
+    export NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1
+    STAPO_OVERRIDES+=(
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.fp8=$FP8_FORMAT"
+        "+actor_rollout_ref.actor.megatron.override_transformer_config.fp8_recipe=$FP8_RECIPE"
+        "+actor_rollout_ref.actor.optim.override_optimizer_config.fp8_recipe=$FP8_RECIPE"
+        actor_rollout_ref.rollout.quantization=fp8
+        algorithm.rollout_correction.rollout_is=token
+        "algorithm.rollout_correction.rollout_is_threshold=$TIS_THRESHOLD"
+        "+ray_kwargs.ray_init.runtime_env.env_vars.NVTE_FP8_BLOCK_SCALING_FP32_SCALES='1'"
+    )
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Build the full override list for <size> <method> into STAPO_OVERRIDES.
+stapo_build_overrides() {
+    local size=$1 method=$2
+    stapo_in_list "$size" "${STAPO_SIZES[@]}" || stapo_die "unknown size '$size' (allowed: ${STAPO_SIZES[*]})"
+    stapo_in_list "$method" "${STAPO_METHODS[@]}" ||
+        stapo_die "unknown method '$method' (allowed: ${STAPO_METHODS[*]})"
+    stapo_size_defaults "$size"
+    stapo_env_defaults "$size" "$method"
+    STAPO_OVERRIDES=()
+    stapo_base_overrides
+    stapo_method_overrides "$method"
+    stapo_precision_overrides
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Ray: never start a cluster here. main_ppo's ray.init() connects to RAY_ADDRESS when it is set and
+# starts a private single-node instance otherwise, which is only right for NNODES=1.
+stapo_check_ray() {
+    if [[ -n ${RAY_ADDRESS:-} ]]; then
+        echo "[stapo recipe] using the existing Ray cluster at RAY_ADDRESS=$RAY_ADDRESS" >&2
+    elif ((NNODES > 1)); then
+        stapo_die "NNODES=$NNODES needs a running Ray cluster: 'ray start --head' on one node, 'ray start \
+--address=<head>:6379' on the others, then export RAY_ADDRESS=<head>:6379 (see docs/recipes.md §5 or \
+recipes/slurm/qwen3_8b_stapo.sbatch)"
+    fi
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Single driver of all GPU recipes: STAPO, its ablations and the baselines, for every Qwen3 size.
+#
+#   recipes/run.sh <size> <method> [--dry-run | --print-overrides] [hydra overrides...]
+#
+#   size     1.7b | 8b | 14b
+#   method   stapo | stapo_high_entropy | stapo_random | stapo_full_mask | grpo | top_entropy | justrl
+#   --dry-run          compose + validate the config with verl 0.9.1 on this machine (no GPU, Ray,
+#                      weights or data needed) and print the key settings; exit non-zero on any error.
+#   --print-overrides  print the Hydra overrides, one a line, and exit (no Python).
+#
+# Environment (defaults in recipes/common/base.sh): MODEL_PATH DATA_DIR CKPT_DIR NNODES GPUS_PER_NODE
+# PROJECT_NAME EXP_NAME TOTAL_STEPS PRECISION(bf16|fp8) ACTOR_TP ACTOR_PP ACTOR_CP ROLLOUT_TP
+# PPO_MAX_TOKEN_LEN LOGPROB_MAX_TOKEN_LEN OFFLOAD ROLLOUT_GPU_MEM_UTIL STAPO_TAU_P STAPO_Q ... PYTHON.
+# Multi-node: start Ray first and export RAY_ADDRESS (docs/recipes.md §5); this script never starts Ray.
+set -euo pipefail
+
+RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=recipes/common/base.sh
+source "$RECIPES_DIR/common/base.sh"
+
+usage() {
+    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+}
+
+if [[ $# -ge 1 && ($1 == -h || $1 == --help) ]]; then
+    usage
+    exit 0
+fi
+if [[ $# -lt 2 ]]; then
+    usage >&2
+    exit 2
+fi
+
+SIZE=$1
+METHOD=$2
+shift 2
+
+MODE=train
+EXTRA=()
+for arg in "$@"; do
+    case $arg in
+    --dry-run) MODE=dry-run ;;
+    --print-overrides) MODE=print ;;
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    *) EXTRA+=("$arg") ;;
+    esac
+done
+
+stapo_build_overrides "$SIZE" "$METHOD"
+# User overrides go last so they win over the base and the per-size / per-method deltas.
+STAPO_OVERRIDES+=(${EXTRA[@]+"${EXTRA[@]}"})
+
+case $MODE in
+print)
+    printf '%s\n' "${STAPO_OVERRIDES[@]}"
+    ;;
+dry-run)
+    echo "[stapo recipe] dry-run: qwen3-$SIZE $METHOD precision=$PRECISION nodes=$NNODES x $GPUS_PER_NODE" >&2
+    exec "$PYTHON" -m stapo_verl.recipes_dryrun "${STAPO_OVERRIDES[@]}"
+    ;;
+train)
+    stapo_check_ray
+    # CUDA_DEVICE_MAX_CONNECTIONS is left to verl (constants_ppo.py sets it for Megatron on Hopper).
+    exec "$PYTHON" -m verl.trainer.main_ppo "${STAPO_OVERRIDES[@]}"
+    ;;
+esac
