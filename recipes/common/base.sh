@@ -99,6 +99,10 @@ stapo_env_defaults() {
     # on Hopper, token-level TIS with C=2 next to FP8 rollout.
     : "${FP8_FORMAT:=hybrid}" "${FP8_RECIPE:=blockwise}" "${TIS_THRESHOLD:=2.0}"
     : "${DIST_CKPT_PATH:=}"
+    # The project's .venv (scripts/setup_env.sh) when present, else the image's / cluster's python3.
+    local repo_root
+    repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+    if [ -z "${PYTHON:-}" ] && [ -x "$repo_root/.venv/bin/python" ]; then PYTHON="$repo_root/.venv/bin/python"; fi
     : "${PYTHON:=python3}"
     stapo_in_list "$PRECISION" "${STAPO_PRECISIONS[@]}" ||
         stapo_die "PRECISION='$PRECISION' (allowed: ${STAPO_PRECISIONS[*]})"
