@@ -128,7 +128,6 @@ def _current_entropy(loss_mode: str) -> state.LossContext:
 def _s2t_loss(loss_mode: str, **kw) -> tuple[torch.Tensor, dict[str, float]]:
     config = kw["config"]
     pl = stapo_policy_loss_config(config)
-    mode = _MODE_OF[loss_mode]
     if pl.stats_source == "old_policy":
         stats = state.MINIBATCH.stats
         if not state.MINIBATCH.active or stats is None:
@@ -140,37 +139,28 @@ def _s2t_loss(loss_mode: str, **kw) -> tuple[torch.Tensor, dict[str, float]]:
                 "stapo_verl.worker_hooks.apply_s2t_to_minibatch first."
             )
         # The mask is already in response_mask and in the engine's batch_num_tokens (exact renormalisation).
-        loss, metrics = vanilla_on_kept(
-            old_log_prob=kw["old_log_prob"],
-            log_prob=kw["log_prob"],
-            advantages=kw["advantages"],
-            keep=kw["response_mask"],
-            loss_agg_mode=kw["loss_agg_mode"],
-            config=config,
-            rollout_is_weights=kw.get("rollout_is_weights"),
+        keep, batch_num_tokens = kw["response_mask"], None
+    else:
+        # current_micro_batch: current-policy p and H of this micro-batch, candidates gathered across DP.
+        ctx = _current_entropy(loss_mode)
+        mb = state.MINIBATCH
+        mb.mask_calls += 1
+        keep, stats = s2t_keep_mask(
+            kw["log_prob"],
+            ctx.entropy,
+            kw["advantages"],
+            kw["response_mask"],
+            tau_p=pl.tau_p,
+            q=pl.entropy_quantile,
+            mode=_MODE_OF[loss_mode],
+            group=ctx.dp_group,
+            seed=pl.random_mask_seed * 1_000_003 + mb.mask_calls,
         )
-        metrics.update(stats.to_metrics())
-        return loss, metrics
-
-    # current_micro_batch: current-policy p and H of this micro-batch, candidates gathered across DP.
-    ctx = _current_entropy(loss_mode)
-    mb = state.MINIBATCH
-    mb.mask_calls += 1
-    keep, stats = s2t_keep_mask(
-        kw["log_prob"],
-        ctx.entropy,
-        kw["advantages"],
-        kw["response_mask"],
-        tau_p=pl.tau_p,
-        q=pl.entropy_quantile,
-        mode=mode,
-        group=ctx.dp_group,
-        seed=pl.random_mask_seed * 1_000_003 + mb.mask_calls,
-    )
-    # Running denominator: the engine counted every valid token of the mini-batch; subtract what was
-    # silenced so far (this and earlier micro-batches). Later micro-batches' masks are unknown here.
-    mb.removed_so_far += stats.n_masked + stats.n_nonfinite
-    bnt = (config.global_batch_info or {}).get("batch_num_tokens")
+        # Running denominator: the engine counted every valid token of the mini-batch; subtract what was
+        # silenced so far (this and earlier micro-batches). Later micro-batches' masks are unknown here.
+        mb.removed_so_far += stats.n_masked + stats.n_nonfinite
+        bnt = (config.global_batch_info or {}).get("batch_num_tokens")
+        batch_num_tokens = None if bnt is None else float(bnt) - mb.removed_so_far
     loss, metrics = vanilla_on_kept(
         old_log_prob=kw["old_log_prob"],
         log_prob=kw["log_prob"],
@@ -179,7 +169,7 @@ def _s2t_loss(loss_mode: str, **kw) -> tuple[torch.Tensor, dict[str, float]]:
         loss_agg_mode=kw["loss_agg_mode"],
         config=config,
         rollout_is_weights=kw.get("rollout_is_weights"),
-        batch_num_tokens=None if bnt is None else float(bnt) - mb.removed_so_far,
+        batch_num_tokens=batch_num_tokens,
     )
     metrics.update(stats.to_metrics())
     return loss, metrics

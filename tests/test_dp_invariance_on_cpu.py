@@ -28,6 +28,7 @@ def _free_port():
 
 def _loss_and_grad(b, rows, loss_mode, stats_source, group, dp_size):
     cfg = actor_config(loss_mode, stats_source=stats_source)
+    state.MINIBATCH.mask_calls = 0  # the random ablation's seed counts mask calls; ranks share that history
     sub = {k: v[rows] for k, v in b.items() if k != "logp"}
     # current-policy route: p comes from log_prob itself, so start it at the old values (one policy for both)
     src_lp = b["logp"] if stats_source == "old_policy" else b["old"]
