@@ -62,16 +62,27 @@ def _batch(tokens, device, seed=0, bs=None):
     return {k: v.to(device) for k, v in dict(old=old, ent=ent, adv=adv, mask=mask).items()}
 
 
+def _s2t_mask(b, cfg):
+    """What the plugin's worker hook adds to an update (old-policy route): the S2T mask over the mini-batch."""
+    from tensordict import TensorDict
+
+    from stapo_verl.worker_hooks import apply_s2t_to_minibatch
+
+    mask = b["mask"]
+    td = TensorDict({"old_log_probs": b["old"], "entropy": b["ent"], "advantages": b["adv"],
+                     "response_mask": mask.clone(), "loss_mask": mask.clone()}, batch_size=[mask.shape[0]])
+    stats = apply_s2t_to_minibatch(td, cfg.policy_loss, None)
+    return td["response_mask"], stats
+
+
 def run_variant(variant, tokens, repeats, device, dtype):
     """One variant in this process; returns median seconds and peak memory in bytes."""
     import torch
-    from tensordict import TensorDict
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.utils.torch_functional import logprobs_from_logits
 
     import stapo_verl.plugin  # noqa: F401  (registers the losses as the entry point does)
     from stapo_verl import state
-    from stapo_verl.worker_hooks import apply_s2t_to_minibatch
 
     torch.manual_seed(0)
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -88,13 +99,7 @@ def run_variant(variant, tokens, repeats, device, dtype):
         w.grad = h.grad = None
         _sync(device)
         t0 = time.perf_counter()
-        mask = b["mask"]
-        stats = None
-        if variant == "stapo":
-            td = TensorDict({"old_log_probs": b["old"], "entropy": b["ent"], "advantages": b["adv"],
-                             "response_mask": mask.clone(), "loss_mask": mask.clone()}, batch_size=[mask.shape[0]])
-            stats = apply_s2t_to_minibatch(td, cfg.policy_loss, None)
-            mask = td["response_mask"]
+        mask, stats = _s2t_mask(b, cfg) if variant == "stapo" else (b["mask"], None)
         cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=1)
         logits = (h @ w.t()).float()
         log_prob = logprobs_from_logits(logits, labels).view(1, -1)
@@ -117,13 +122,10 @@ def run_variant(variant, tokens, repeats, device, dtype):
 
 def loss_only_ratio(device, repeats=20):
     """Loss-function-only time (forward + backward on (16, 2048) log-probs): stapo (mask + loss) / vanilla."""
-    import torch
-    from tensordict import TensorDict
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     import stapo_verl.plugin  # noqa: F401
     from stapo_verl import state
-    from stapo_verl.worker_hooks import apply_s2t_to_minibatch
 
     b = _batch(16 * 2048, device, bs=16)
     res = {}
@@ -135,12 +137,7 @@ def loss_only_ratio(device, repeats=20):
             lp = (b["old"] + 0.05).requires_grad_(True)
             _sync(device)
             t0 = time.perf_counter()
-            mask, stats = b["mask"], None
-            if variant == "stapo":
-                td = TensorDict({"old_log_probs": b["old"], "entropy": b["ent"], "advantages": b["adv"],
-                                 "response_mask": mask.clone(), "loss_mask": mask.clone()}, batch_size=[16])
-                stats = apply_s2t_to_minibatch(td, cfg.policy_loss, None)
-                mask = td["response_mask"]
+            mask, stats = _s2t_mask(b, cfg) if variant == "stapo" else (b["mask"], None)
             cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=16)
             state.MINIBATCH.start(stats)
             try:
