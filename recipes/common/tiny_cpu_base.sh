@@ -31,8 +31,6 @@ VAL_LIST="$("$PY" -c "import json; m=json.load(open('$ASSETS/assets.json')); pri
 RUN_DIR="${STAPO_RUN_DIR:-$ROOT/outputs/$RUN_NAME}"
 mkdir -p "$RUN_DIR"
 RUN_DIR="$(cd "$RUN_DIR" && pwd)"
-# verl's file logger truncates its file: keep earlier invocations' metrics (e.g. before a resume).
-if [ -s "$RUN_DIR/metrics.jsonl" ]; then mv "$RUN_DIR/metrics.jsonl" "$RUN_DIR/metrics.$(date +%s).jsonl"; fi
 export VERL_FILE_LOGGER_PATH="$RUN_DIR/metrics.jsonl"
 
 ARGS=(
@@ -75,7 +73,7 @@ ARGS=(
   actor_rollout_ref.rollout.calculate_log_probs=True
   # validation is sampled at the training temperature (the accuracy the RL objective moves)
   actor_rollout_ref.rollout.val_kwargs.do_sample=True actor_rollout_ref.rollout.val_kwargs.temperature=1.0
-  actor_rollout_ref.rollout.val_kwargs.n=2
+  actor_rollout_ref.rollout.val_kwargs.n=4
   # ---- reward: the project's rule-based scorer (math_dapo → strict \boxed{} ±1)
   reward.custom_reward_function.path=pkg://stapo_verl.rewards
   reward.custom_reward_function.name=compute_score
@@ -91,6 +89,8 @@ ARGS=(
 
 CMD=("$PY" -m verl.trainer.main_ppo "${ARGS[@]}" "$@")
 if [ "$DRY_RUN" = 1 ]; then printf '%q ' "${CMD[@]}"; echo; exit 0; fi
+# verl's file logger truncates its file: keep earlier invocations' metrics (e.g. before a resume).
+if [ -s "$RUN_DIR/metrics.jsonl" ]; then mv "$RUN_DIR/metrics.jsonl" "$RUN_DIR/metrics.$(date +%s).jsonl"; fi
 
 START=$(date +%s)
 set +e

@@ -63,9 +63,9 @@ def series(metrics: dict[int, dict[str, float]], key: str) -> tuple[list[int], l
 
 
 def masked_keys(metrics: dict[int, dict[str, float]]) -> list[str]:
-    """``actor/stapo/*`` keys that look like a masked fraction (``mask``/``frac`` in the name)."""
+    """``actor/stapo/*_frac`` keys (masked and candidate fractions of the valid response tokens)."""
     keys = {k for row in metrics.values() for k in row if k.startswith("actor/stapo/")}
-    return sorted(k for k in keys if "mask" in k or "frac" in k) or sorted(keys)
+    return sorted(k for k in keys if k.endswith("_frac"))
 
 
 def summarize(run_dir: Path, wall_seconds: float | None = None) -> dict:
@@ -92,11 +92,12 @@ def summarize(run_dir: Path, wall_seconds: float | None = None) -> dict:
 def _panel(ax, runs: dict[str, dict[int, dict[str, float]]], keys_fn, title: str):
     drawn = False
     for label, m in runs.items():
-        for key in keys_fn(m):
+        keys = keys_fn(m)
+        for key in keys:
             st, v = series(m, key)
             if st:
                 ax.plot(st, v, marker="o" if len(st) < 12 else None, ms=3,
-                        label=f"{label}: {key.split('/')[-1]}" if len(runs) > 1 or "stapo" in key else label)
+                        label=f"{label}: {key.split('/')[-1]}" if len(keys) > 1 else label)
                 drawn = True
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("step", fontsize=8)

@@ -79,6 +79,7 @@ class SamplingSettings:
 
     @property
     def greedy(self) -> bool:
+        """True when ``temperature == 0`` (argmax decoding, as verl's ``val_kwargs`` default)."""
         return self.temperature == 0.0
 
 
@@ -366,12 +367,12 @@ class CPURolloutServer:
         if self.generator is None:
             await self.launch_server()
         model = self.generator.model
-        params = dict(model.named_parameters())
+        # state_dict (not named_parameters) so tied weights appear under both names, as the actor sends them
+        params = model.state_dict(keep_vars=True)
         unknown = [k for k in state_dict if k not in params]
         if unknown:
             raise KeyError(f"CPU rollout update_weights: unknown parameter names {unknown[:5]}")
-        tied = getattr(model.config, "tie_word_embeddings", False)
-        missing = [k for k in params if k not in state_dict and not (tied and k == "lm_head.weight")]
+        missing = [k for k, v in model.named_parameters() if k not in state_dict]
         if missing:
             raise KeyError(f"CPU rollout update_weights: parameters not sent {missing[:5]}")
         with self._lock, torch.no_grad():
