@@ -50,6 +50,12 @@ def default_dir() -> Path:
 
 
 # ----------------------------------------------------------------------------- synthetic problems
+def default_data_src() -> Path:
+    """Published benchmark files: ``$STAPO_DATA_SRC``, else ``<repo>/../shared/data`` (the project's layout)."""
+    env = os.environ.get("STAPO_DATA_SRC")
+    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
 def make_problem(rng: random.Random) -> dict:
     """One multi-step arithmetic word problem.
 
@@ -269,12 +275,13 @@ def prepare_benchmarks(data_dir: Path, src_root: Path, max_rows: int, log=print)
 
 # ----------------------------------------------------------------------------- main
 def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = 128, bench_rows: int = 16,
-          src_root: Path = Path("/work/shared/data"), log=print) -> dict:
+          src_root: Path | None = None, log=print) -> dict:
     """Build every asset under ``out`` unless the manifest already matches (then return it instantly).
 
     Returns:
         the manifest dict (also written to ``out/assets.json``).
     """
+    src_root = default_data_src() if src_root is None else src_root
     manifest_path = out / "assets.json"
     if manifest_path.exists() and not force:
         m = json.loads(manifest_path.read_text())
@@ -330,7 +337,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=default_dir())
     ap.add_argument("--force", action="store_true", help="rebuild even if the manifest exists")
-    ap.add_argument("--src", type=Path, default=Path(os.environ.get("STAPO_DATA_SRC", "/work/shared/data")),
+    ap.add_argument("--src", type=Path, default=default_data_src(),
                     help="root holding gsm8k/ and math500/ (for the benchmark validation slice)")
     ap.add_argument("--bench-rows", type=int, default=16)
     a = ap.parse_args(argv)
