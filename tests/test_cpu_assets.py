@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import time
 
 from stapo_verl.cpu import make_assets as M
 
@@ -40,7 +39,5 @@ def test_tokenizer_chat_template_and_byte_fallback(tmp_path):
 def test_build_returns_cached_manifest_instantly(tmp_path):
     manifest = {"version": M.ASSET_VERSION, "n_train": 1, "benchmark_val_files": ["a", "b"], "marker": 42}
     (tmp_path / "assets.json").write_text(json.dumps(manifest))
-    t0 = time.time()
     assert M.build(tmp_path)["marker"] == 42
-    assert time.time() - t0 < 1.0
-    assert not (tmp_path / "model").exists()  # nothing was rebuilt
+    assert not (tmp_path / "model").exists()  # the manifest matched: nothing was rebuilt
