@@ -89,72 +89,95 @@ class PlatformCPU(PlatformBase):
 
     @property
     def device_name(self) -> str:
+        """"cpu": used by verl for meshes, autocast, engine lookup and the process-group string."""
         return "cpu"
 
     @property
     def vendor_name(self) -> str:
+        """"cpu": second half of the engine-registry key (device, vendor)."""
         return "cpu"
 
     @property
     def device_module(self) -> types.ModuleType:
+        """The torch.cpu wrapper with the CUDA-style members verl calls (memory stats, RNG state, empty_cache)."""
         return CPU_DEVICE_MODULE
 
     def is_available(self) -> bool:
+        """Always True: the CPU is there."""
         return True
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        """Auto-detection: chosen only where CUDA is absent."""
         return not torch.cuda.is_available()
 
     def current_device(self) -> str:  # type: ignore[override]
+        """The string "cpu" (an int would mean "accelerator 0" to torch and fail)."""
         return "cpu"
 
     def device_count(self) -> int:
+        """One logical device per process."""
         return 1
 
     def set_device(self, device_index: int) -> None:
+        """No-op: there is one CPU device."""
         return None
 
     def synchronize(self, device_index: Optional[int] = None) -> None:
+        """No-op: CPU ops are synchronous."""
         return None
 
     def manual_seed(self, seed: int) -> None:
+        """Seed torch's CPU generator."""
         torch.manual_seed(seed)
 
     def manual_seed_all(self, seed: int) -> None:
+        """Seed torch's CPU generator (there is one device)."""
         torch.manual_seed(seed)
 
     def set_allocator_settings(self, settings: str) -> None:
+        """No-op: no caching allocator on CPU."""
         return None
 
     def empty_cache(self) -> None:
+        """No-op: no caching allocator on CPU."""
         return None
 
     def get_device_capability(self, device_index: int = 0) -> tuple[Optional[int], Optional[int]]:
+        """(None, None): no compute capability; verl reads it as 0."""
         return (None, None)
 
     def communication_backend_name(self) -> str:
+        """"gloo", the CPU collective backend."""
         return "gloo"
 
     def visible_devices_envvar(self) -> str:
+        """CUDA_VISIBLE_DEVICES: Ray sets it for virtual GPUs; CPU torch ignores it."""
         return "CUDA_VISIBLE_DEVICES"
 
     def nvtx_range(self, msg: str):
+        """A null context: no NVTX on CPU."""
         return contextlib.nullcontext()
 
     def profiler_start(self) -> None:
+        """No-op: no device profiler."""
         return None
 
     def profiler_stop(self) -> None:
+        """No-op: no device profiler."""
         return None
 
     def ray_resource_name(self) -> str:
+        """"GPU": verl's pools always request the accelerator resource; runs declare virtual GPUs."""
         return "GPU"
 
     def ray_noset_envvars(self) -> list[str]:
+        """None: only vLLM/SGLang servers read these."""
         return []
 
     def is_ipc_supported(self) -> bool:
+        """False: no CUDA IPC handles on CPU."""
         return False
 
     def cudart(self) -> Any:
+        """None: no CUDA runtime."""
         return None

@@ -33,6 +33,7 @@ class CPUReplica(RolloutReplica):
         return f"{self.config.name}_"
 
     def rollout_worker_use_gpu(self) -> bool:
+        """False: the server generates on CPU (only read in colocated/standalone modes)."""
         return False
 
     async def launch_servers(self):
