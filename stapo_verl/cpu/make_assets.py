@@ -157,6 +157,7 @@ def sampled_accuracy(model, tok, problems: list[dict], temperature: float, max_t
                      seed: int = 0) -> float:
     """Fraction of ``problems`` whose sampled answer's last ``\\boxed{}`` equals the ground truth."""
     from stapo_verl.cpu.rollout_server import HFGenerator, SamplingSettings
+    from stapo_verl.rewards.dapo import extract_boxed_answer
 
     gen = HFGenerator(model, [tok.eos_token_id], tok.pad_token_id, seed=seed)
     s = SamplingSettings(temperature=temperature, top_p=1.0, top_k=0, logprobs=False)
@@ -166,16 +167,8 @@ def sampled_accuracy(model, tok, problems: list[dict], temperature: float, max_t
         outs = gen.generate(prompts[i:i + 64], [max_tokens] * len(prompts[i:i + 64]), s)
         for (ids, _), p in zip(outs, problems[i:i + 64]):
             text = tok.decode(ids, skip_special_tokens=True)
-            correct += int(_last_boxed(text) == p["answer"])
+            correct += int((extract_boxed_answer(text, tail_chars=None) or "").strip() == p["answer"])
     return correct / max(1, len(problems))
-
-
-def _last_boxed(text: str):
-    i = text.rfind("\\boxed{")
-    if i < 0:
-        return None
-    j = text.find("}", i)
-    return text[i + 7:j].strip() if j > 0 else None
 
 
 def warm_start(model, tok, train: list[dict], val: list[dict], max_steps: int = 3000, batch: int = 32,

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
 
 #: Characters at the end of a response in which the final box must close (verl ``math_dapo.py:267``).
 TAIL_CHARS = 300
@@ -33,7 +32,7 @@ TAIL_CHARS = 300
 MAX_NORMALIZE_CHARS = 2000
 BOX_OPEN = "\\boxed{"
 
-_normalize: Callable[[str], str] | None = None
+_MATH_DAPO = None
 
 
 def _load_verl_math_dapo():
@@ -56,6 +55,13 @@ def _load_verl_math_dapo():
     return math_dapo
 
 
+def _verl_math_dapo():
+    global _MATH_DAPO
+    if _MATH_DAPO is None:
+        _MATH_DAPO = _load_verl_math_dapo()
+    return _MATH_DAPO
+
+
 def normalize_final_answer(answer: str) -> str:
     """verl's ``math_dapo.normalize_final_answer`` (lazily loaded; see :func:`_load_verl_math_dapo`).
 
@@ -65,10 +71,7 @@ def normalize_final_answer(answer: str) -> str:
     Returns:
         The normalised string (units/``\\text``/``$`` removed, ``\\fracab`` expanded, ``1,000`` → ``1000``).
     """
-    global _normalize
-    if _normalize is None:
-        _normalize = _load_verl_math_dapo().normalize_final_answer
-    return _normalize(answer)
+    return _verl_math_dapo().normalize_final_answer(answer)
 
 
 def find_last_boxed(text: str) -> tuple[int, int] | None:
@@ -79,22 +82,14 @@ def find_last_boxed(text: str) -> tuple[int, int] | None:
 
     Returns:
         ``(start, end)`` with ``text[start:end] == "\\boxed{...}"`` (``end`` exclusive), or ``None`` when there is
-        no ``\\boxed{`` or the last one is never closed. Linear in ``len(text) - start``. Escaped braces
-        ``\\{``/``\\}`` count as braces, as in verl's ``last_boxed_only_string``.
+        no ``\\boxed{`` or the last one is never closed. verl's ``math_dapo.last_boxed_only_string`` does the
+        brace matching (linear in ``len(text) - start``; escaped braces count as braces).
     """
-    start = text.rfind(BOX_OPEN)
-    if start < 0:
+    boxed = _verl_math_dapo().last_boxed_only_string(text)  # brace matching from the last "\\boxed{"
+    if boxed is None:
         return None
-    depth = 0
-    for i in range(start + len(BOX_OPEN) - 1, len(text)):
-        ch = text[i]
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return start, i + 1
-    return None
+    start = text.rfind(BOX_OPEN)
+    return start, start + len(boxed)
 
 
 def extract_boxed_answer(text: str, tail_chars: int | None = TAIL_CHARS) -> str | None:
