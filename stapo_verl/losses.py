@@ -29,14 +29,8 @@ from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_po
 
 from stapo_verl import state
 from stapo_verl.config import StapoPolicyLossConfig
-from stapo_verl.s2t import s2t_keep_mask, top_entropy_keep_mask
+from stapo_verl.s2t import S2T_LOSS_MODES, s2t_keep_mask, top_entropy_keep_mask
 
-_MODE_OF = {
-    "stapo": "low_entropy",
-    "stapo_high_entropy": "high_entropy",
-    "stapo_random": "random",
-    "stapo_full_mask": "full",
-}
 
 
 class StapoLossError(RuntimeError):
@@ -152,7 +146,7 @@ def _s2t_loss(loss_mode: str, **kw) -> tuple[torch.Tensor, dict[str, float]]:
             kw["response_mask"],
             tau_p=pl.tau_p,
             q=pl.entropy_quantile,
-            mode=_MODE_OF[loss_mode],
+            mode=S2T_LOSS_MODES[loss_mode],
             group=ctx.dp_group,
             seed=pl.random_mask_seed * 1_000_003 + mb.mask_calls,
         )
@@ -198,7 +192,7 @@ def _make_s2t_loss(loss_mode: str):
 
     loss_fn.__name__ = f"compute_policy_loss_{loss_mode}"
     loss_fn.__doc__ = (
-        f"verl policy loss ``{loss_mode}`` (S2T mask mode ``{_MODE_OF[loss_mode]}``); see :mod:`stapo_verl.losses`."
+        f"verl policy loss ``{loss_mode}`` (S2T mask mode ``{S2T_LOSS_MODES[loss_mode]}``); see :mod:`stapo_verl.losses`."
     )
     return loss_fn
 

@@ -23,6 +23,14 @@ TORCH_QUANTILE_MAX_NUMEL = 2**24
 #: S2T variants: the paper's mask and its ablations (paper §4.4 / spec §8.1).
 MASK_MODES = ("low_entropy", "high_entropy", "random", "full")
 
+#: verl ``loss_mode`` → S2T mask mode, for the loss modes built on the S2T mask (not ``top_entropy``).
+S2T_LOSS_MODES = {
+    "stapo": "low_entropy",
+    "stapo_high_entropy": "high_entropy",
+    "stapo_random": "random",
+    "stapo_full_mask": "full",
+}
+
 
 def linear_quantile(values: torch.Tensor, q: float) -> torch.Tensor:
     """q-quantile with linear interpolation, identical to ``torch.quantile(values, q)``, for any size.

@@ -34,16 +34,10 @@ import torch
 
 from stapo_verl import state
 from stapo_verl.config import StapoPolicyLossConfig, check_registered
-from stapo_verl.s2t import MaskStats, s2t_keep_mask
+from stapo_verl.s2t import S2T_LOSS_MODES, MaskStats, s2t_keep_mask
 
 _TARGET_MODULE = "verl.workers.engine_workers"
 _MEGATRON_MODULE = "verl.workers.engine.megatron.transformer_impl"
-_S2T_MODES = {
-    "stapo": "low_entropy",
-    "stapo_high_entropy": "high_entropy",
-    "stapo_random": "random",
-    "stapo_full_mask": "full",
-}
 _REQUIRED_FIELDS = ("old_log_probs", "entropy", "advantages", "response_mask")
 
 
@@ -101,7 +95,7 @@ def apply_s2t_to_minibatch(data, policy_loss: StapoPolicyLossConfig, dp_group=No
         _padded(data["response_mask"]).bool(),
         tau_p=policy_loss.tau_p,
         q=policy_loss.entropy_quantile,
-        mode=_S2T_MODES[policy_loss.loss_mode],
+        mode=S2T_LOSS_MODES[policy_loss.loss_mode],
         group=dp_group,
         seed=policy_loss.random_mask_seed * 1_000_003 + state.MINIBATCH.mask_calls,
     )
@@ -160,7 +154,7 @@ def wrap_train_batch(orig):
         check_registered(pl.loss_mode)  # worker-side self-check before every update
         dp_group = self.engine.get_data_parallel_group()
         stats = None
-        old_policy = pl.loss_mode in _S2T_MODES and pl.stats_source == "old_policy"
+        old_policy = pl.loss_mode in S2T_LOSS_MODES and pl.stats_source == "old_policy"
         if old_policy:
             stats = apply_s2t_to_minibatch(data, pl, dp_group)
         state.MINIBATCH.start(stats, detached_entropy=not old_policy)
