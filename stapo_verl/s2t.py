@@ -207,8 +207,8 @@ def s2t_keep_mask(
     valid = response_mask.bool()
     lp = log_prob.detach().float()
     ent = entropy.detach().float()
-    local_rows = torch.stack([ent[cand], lp[cand]], dim=1).double().cpu()
-    rows, sizes = all_gather_rows(local_rows.to(lp.device), group)
+    # gathered on the device (NCCL needs it), then one small copy of the population to the host for the quantile
+    rows, sizes = all_gather_rows(torch.stack([ent[cand], lp[cand]], dim=1).double(), group)
     rows = rows.cpu()
     sel, tau_h = _select_global(rows[:, 0].float(), q, mode, seed)
     offset = sum(sizes[: group_rank(group)])
@@ -216,9 +216,7 @@ def s2t_keep_mask(
     spurious = torch.zeros_like(cand)
     spurious[cand] = local_sel
     keep = valid & ~nonfinite & ~spurious
-    counts = all_reduce_sum(
-        torch.tensor([float(valid.sum()), float(nonfinite.sum())], dtype=torch.float64, device=lp.device), group
-    ).cpu()
+    counts = all_reduce_sum(torch.stack([valid.sum(), nonfinite.sum()]).double(), group).cpu()
     stats = MaskStats(
         n_valid=int(counts[0]),
         n_candidates=int(rows.shape[0]),
