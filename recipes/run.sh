@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Single driver of all GPU recipes: STAPO, its ablations and the baselines, for every Qwen3 size.
+# Single driver of all recipes: STAPO, its ablations and the baselines, for every size.
 #
 #   recipes/run.sh <size> <method> [--dry-run | --print-overrides] [hydra overrides...]
 #
-#   size     1.7b | 8b | 14b
+#   size     tiny (CPU, recipes/common/cpu.sh) | 1.7b | 8b | 14b
 #   method   stapo | stapo_high_entropy | stapo_random | stapo_full_mask | grpo | top_entropy | justrl
 #   --dry-run          compose + validate the config with verl 0.9.1 on this machine (no GPU, Ray,
 #                      weights or data needed) and print the key settings; exit non-zero on any error.
-#   --print-overrides  print the Hydra overrides, one a line, and exit (no Python).
+#   --print-overrides  print the Hydra overrides, one a line, and exit (no Python for the GPU sizes).
 #
 # Environment (defaults in recipes/common/base.sh): MODEL_PATH DATA_DIR CKPT_DIR NNODES GPUS_PER_NODE
-# PROJECT_NAME EXP_NAME TOTAL_STEPS PRECISION(bf16|fp8) ACTOR_TP ACTOR_PP ACTOR_CP ROLLOUT_TP
-# PPO_MAX_TOKEN_LEN LOGPROB_MAX_TOKEN_LEN OFFLOAD ROLLOUT_GPU_MEM_UTIL STAPO_TAU_P STAPO_Q ... PYTHON.
+# PROJECT_NAME EXP_NAME TOTAL_STEPS TOTAL_EPOCHS PRECISION(bf16|fp8) ENGINE(megatron|fsdp) ACTOR_TP
+# ACTOR_PP ACTOR_CP ROLLOUT_TP PPO_MAX_TOKEN_LEN LOGPROB_MAX_TOKEN_LEN OFFLOAD ROLLOUT_GPU_MEM_UTIL
+# STAPO_TAU_P STAPO_Q ... STAPO_VENV (interpreter: $STAPO_VENV/bin/python, else .venv, else python3).
 # Multi-node: start Ray first and export RAY_ADDRESS (docs/recipes.md §5); this script never starts Ray.
 set -euo pipefail
 
@@ -50,8 +51,16 @@ for arg in "$@"; do
     esac
 done
 
+if [[ $SIZE == tiny ]]; then
+    # shellcheck source=recipes/common/cpu.sh
+    source "$RECIPES_DIR/common/cpu.sh"
+    stapo_cpu_setup "$METHOD"
+fi
 stapo_build_overrides "$SIZE" "$METHOD"
-# User overrides go last so they win over the base and the per-size / per-method deltas.
+if [[ $SIZE == tiny ]]; then
+    stapo_cpu_overrides
+fi
+# User overrides go last so they win over the base and the per-size / per-method / platform deltas.
 STAPO_OVERRIDES+=(${EXTRA[@]+"${EXTRA[@]}"})
 
 case $MODE in
@@ -59,12 +68,17 @@ print)
     printf '%s\n' "${STAPO_OVERRIDES[@]}"
     ;;
 dry-run)
-    echo "[stapo recipe] dry-run: qwen3-$SIZE $METHOD precision=$PRECISION nodes=$NNODES x $GPUS_PER_NODE" >&2
-    exec "$PYTHON" -m stapo_verl.recipes_dryrun "${STAPO_OVERRIDES[@]}"
+    echo "[stapo recipe] dry-run: $SIZE $METHOD engine=$ENGINE precision=$PRECISION nodes=$NNODES x $GPUS_PER_NODE python=$PY" >&2
+    exec "$PY" -m stapo_verl.recipes_dryrun "${STAPO_OVERRIDES[@]}"
     ;;
 train)
+    if [[ $SIZE == tiny ]]; then
+        stapo_cpu_train "$METHOD" ${EXTRA[@]+"${EXTRA[@]}"}
+        exit $?
+    fi
     stapo_check_ray
+    stapo_write_generation_config
     # CUDA_DEVICE_MAX_CONNECTIONS is left to verl (constants_ppo.py sets it for Megatron on Hopper).
-    exec "$PYTHON" -m verl.trainer.main_ppo "${STAPO_OVERRIDES[@]}"
+    exec "$PY" -m verl.trainer.main_ppo "${STAPO_OVERRIDES[@]}"
     ;;
 esac

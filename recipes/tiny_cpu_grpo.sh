@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Tiny end-to-end GRPO baseline on CPU (plain loss_mode=vanilla); same settings as tiny_cpu_stapo.sh.
-set -euo pipefail
-RUN_NAME="${RUN_NAME:-tiny_cpu_grpo}"
-LOSS_ARGS=(actor_rollout_ref.actor.policy_loss.loss_mode=vanilla)
-source "$(dirname "${BASH_SOURCE[0]}")/common/tiny_cpu_base.sh"
+# Tiny end-to-end GRPO baseline on CPU (the GPU sizes' grpo delta: symmetric clip, seq-mean-token-mean,
+# low_var_kl KL loss against the reference model); same base and CPU delta as tiny_cpu_stapo.sh.
+#   recipes/tiny_cpu_grpo.sh [--dry-run | --print-overrides] [hydra overrides...]
+exec bash "$(dirname "${BASH_SOURCE[0]}")/run.sh" tiny grpo "$@"

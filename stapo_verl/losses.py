@@ -5,6 +5,19 @@ Every loss is verl's own ``compute_policy_loss_vanilla`` (clipping, dual clip ``
 for ``token-mean``, ``batch_num_tokens := Σ K`` over the optimizer mini-batch and all DP ranks
 (spec §3.4 property 2). Nothing of the surrogate is re-derived here.
 
+Only the policy-gradient term is masked (paper §3: S2T silences the PG contribution of spurious tokens).
+verl's ``ppo_loss`` adds the KL term (``use_kl_loss``) and the entropy term over ``data['response_mask']``
+normalised by the engine's ``batch_num_tokens`` (= Σ ``loss_mask``); the mini-batch routes leave both masks
+intact and hand K to the loss separately (data field ``stapo_keep`` → :data:`stapo_verl.state.LOSS_CONTEXT`),
+so KL and entropy see every valid token exactly as in vanilla verl while the PG term is renormalised by the
+global Σ K computed before the forward.
+
+Non-finite values: a token whose old-policy log-prob or entropy is non-finite is outside K (and outside Σ K). A
+token whose *current* log-prob (or IS weight) turns non-finite in the training forward is dropped from the
+numerator (``torch.where``, zero gradient) but stays in the denominator Σ K, which both the engine and the hook
+fix before the forward (it weighs like a token with Â = 0); ``actor/stapo/nonfinite_tokens`` counts both kinds
+(global over the mini-batch and DP; the hook replaces verl's micro-batch average by the exact total).
+
 All functions share verl's ``PolicyLossFn`` signature (``verl/trainer/ppo/core_algos.py``), are called with
 keyword arguments only, and return ``(scalar loss, {"actor/...": float})``:
 
@@ -28,9 +41,9 @@ import torch
 from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, register_policy_loss
 
 from stapo_verl import state
-from stapo_verl.config import StapoPolicyLossConfig
+from stapo_verl.state import KEEP_FIELD
+from stapo_verl.config import MINIBATCH_STATS_SOURCES, StapoPolicyLossConfig
 from stapo_verl.s2t import S2T_LOSS_MODES, s2t_keep_mask, top_entropy_keep_mask
-
 
 
 class StapoLossError(RuntimeError):
@@ -83,10 +96,7 @@ def vanilla_on_kept(
         denominator is clamped to 1, so an all-masked batch yields a finite 0 loss with zero gradients.
     Source: ``verl/trainer/ppo/core_algos.py::compute_policy_loss_vanilla`` / ``agg_loss``.
     """
-    finite = torch.isfinite(log_prob.detach()) & torch.isfinite(old_log_prob)
-    if rollout_is_weights is not None:
-        finite = finite & torch.isfinite(rollout_is_weights)
-    keep = keep.bool() & finite
+    keep = keep.bool() & finite_inputs(old_log_prob, log_prob, rollout_is_weights)
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
     info = dict(getattr(config, "global_batch_info", {}) or {})
     if batch_num_tokens is not None:
@@ -109,6 +119,14 @@ def vanilla_on_kept(
     return loss, metrics
 
 
+def finite_inputs(old_log_prob, log_prob, rollout_is_weights=None) -> torch.Tensor:
+    """(bs, T) bool: tokens whose log-prob, old log-prob and IS weight (if any) are all finite."""
+    finite = torch.isfinite(log_prob.detach()) & torch.isfinite(old_log_prob)
+    if rollout_is_weights is not None:
+        finite = finite & torch.isfinite(rollout_is_weights)
+    return finite
+
+
 def _current_entropy(loss_mode: str) -> state.LossContext:
     ctx = state.LOSS_CONTEXT.get()
     if ctx is None or ctx.entropy is None:
@@ -122,18 +140,33 @@ def _current_entropy(loss_mode: str) -> state.LossContext:
 def _s2t_loss(loss_mode: str, **kw) -> tuple[torch.Tensor, dict[str, float]]:
     config = kw["config"]
     pl = stapo_policy_loss_config(config)
-    if pl.stats_source == "old_policy":
+    if pl.stats_source in MINIBATCH_STATS_SOURCES:
         stats = state.MINIBATCH.stats
         if not state.MINIBATCH.active or stats is None:
             raise StapoLossError(
-                f"loss_mode={loss_mode!r}, stats_source='old_policy': the S2T mask was not applied to this "
-                "mini-batch. It is written by stapo_verl's TrainingWorker.train_batch hook from the old-policy "
+                f"loss_mode={loss_mode!r}, stats_source={pl.stats_source!r}: the S2T mask was not applied to this "
+                "mini-batch. It is computed by stapo_verl's TrainingWorker.train_batch hook from the old-policy "
                 "log-prob and entropy of verl's v1 trainer (trainer.use_v1=True, no rollout_correction.bypass_mode). "
                 "Is the plugin loaded in this worker? For direct calls use "
                 "stapo_verl.worker_hooks.apply_s2t_to_minibatch first."
             )
-        # The mask is already in response_mask and in the engine's batch_num_tokens (exact renormalisation).
-        keep, batch_num_tokens = kw["response_mask"], None
+        ctx = state.LOSS_CONTEXT.get()
+        if ctx is None:
+            # Direct call (no engine, no hook wrapper): the caller passes K as response_mask.
+            keep = kw["response_mask"].bool()
+        elif ctx.keep is None:
+            raise StapoLossError(
+                f"loss_mode={loss_mode!r}: the micro-batch carries no {KEEP_FIELD!r} field; the worker hook writes "
+                "it with the mask before engine.train_batch (stapo_verl.worker_hooks.apply_s2t_to_minibatch)"
+            )
+        else:
+            keep = ctx.keep.bool() & kw["response_mask"].bool()
+        # Exact renormalisation: the global Σ K of the whole mini-batch, fixed before the forward. A token whose
+        # *current* log-prob is non-finite is dropped from the numerator (zero gradient) but stays in this
+        # denominator (it weighs like a token with Â = 0); it is counted in nonfinite_tokens.
+        batch_num_tokens = float(stats.n_keep)
+        dropped = int((keep & ~finite_inputs(kw["old_log_prob"], kw["log_prob"], kw.get("rollout_is_weights"))).sum())
+        state.MINIBATCH.nonfinite_current += dropped
     else:
         # current_micro_batch: current-policy p and H of this micro-batch, candidates gathered across DP.
         ctx = _current_entropy(loss_mode)
@@ -166,6 +199,11 @@ def _s2t_loss(loss_mode: str, **kw) -> tuple[torch.Tensor, dict[str, float]]:
         batch_num_tokens=batch_num_tokens,
     )
     metrics.update(stats.to_metrics())
+    if pl.stats_source in MINIBATCH_STATS_SOURCES:
+        # Global pre-forward count + this rank's current-policy drops so far (the worker hook replaces the
+        # step metric by the exact global total after the micro-batch loop).
+        metrics["actor/stapo/nonfinite_tokens"] = float(stats.n_nonfinite + state.MINIBATCH.nonfinite_current)
+        metrics.update(state.MINIBATCH.extra_metrics)
     return loss, metrics
 
 

@@ -26,9 +26,17 @@ No GPU, Ray cluster, model weights or data are needed. Steps, in the order a rea
    (``RolloutConfig``), the rollout checkpoint engine; the worker's dynamic-batch asserts and the rollout
    world-size divisibility. Also ``AlgoConfig`` (incl. ``RolloutCorrectionConfig``), which verl itself
    only reads as a DictConfig.
-6. **Recipe checks** that verl only meets on GPUs: Megatron world size divisible by TP×PP×CP, token
-   budgets ≥ prompt + response length, vLLM TP divides the node, FP8 keys consistent (TIS on with FP8
-   rollout, ``NVTE_FP8_BLOCK_SCALING_FP32_SCALES`` shipped to the workers, no dynamic CP with FP8).
+6. **Recipe checks** that verl only meets on GPUs: Megatron world size divisible by TP×PP×CP, every
+   dynamic-batch token budget ≥ prompt + response length, vLLM TP divides the node, FP8 keys consistent (TIS
+   on with FP8 rollout, ``NVTE_FP8_BLOCK_SCALING_FP32_SCALES`` shipped to the workers, no dynamic CP with FP8).
+   FSDP configs (the tiny CPU run) get the same checks with TP = PP = CP = 1.
+7. **Training length:** the train parquet's row count from its footer (no data read; "absent here" when the
+   file is missing) — fails, naming the keys, when ``total_epochs × ⌊rows / train_batch_size⌋ <
+   total_training_steps`` (verl's loop would stop there silently); warns when ``save_freq`` / ``test_freq``
+   leave the last step without a checkpoint / validation.
+8. **Stop tokens:** the ``engine_kwargs.vllm.generation_config`` setting and the ids the rollout stops at
+   (:mod:`stapo_verl.stop_tokens`, from the model's own files when ``model.path`` is local); warns when the
+   chat template's end-of-turn token is not among them.
 
 What cannot run here (reported as SKIPPED): ``HFModelConfig`` (tokenizer and HF config loading; it runs
 when ``model.path`` is a local directory with ``config.json``, with the model-shape checks), dataset
@@ -177,20 +185,31 @@ def _run_main_ppo_checks(config) -> str:
     return f"verl.utils.config.validate_config passed (n_gpus={n_gpus} from trainer.nnodes x n_gpus_per_node)"
 
 
-def _run_ppo_runtime_env(config) -> str:
-    """The runtime_env merge of ``run_ppo`` (without ``ray.init``)."""
+def ray_init_kwargs(config) -> dict[str, Any]:
+    """The keyword arguments ``run_ppo`` passes to ``ray.init`` for ``config`` (verl 0.9.1 ``main_ppo.run_ppo``).
+
+    verl's default PPO runtime env (``constants_ppo.get_ppo_ray_runtime_env``) plus ``TRANSFER_QUEUE_ENABLE``,
+    merged with ``ray_kwargs.ray_init.runtime_env``; its ``env_vars`` reach every task and actor of the job, also
+    on a Ray cluster that was started before (the recipes forward the reward settings that way).
+    """
     from omegaconf import OmegaConf
     from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
     default_runtime_env = get_ppo_ray_runtime_env(config)
-    ray_init_kwargs = config.ray_kwargs.get("ray_init", {})
-    runtime_env_kwargs = ray_init_kwargs.get("runtime_env", {})
+    ray_init = config.ray_kwargs.get("ray_init", {})
+    runtime_env_kwargs = ray_init.get("runtime_env", {})
     default_runtime_env.setdefault("env_vars", {})["TRANSFER_QUEUE_ENABLE"] = "1"
     runtime_env = OmegaConf.merge(default_runtime_env, runtime_env_kwargs)
-    merged = OmegaConf.create({**ray_init_kwargs, "runtime_env": runtime_env})
-    OmegaConf.to_container(merged, resolve=True)
+    merged = OmegaConf.create({**ray_init, "runtime_env": runtime_env})
+    return OmegaConf.to_container(merged, resolve=True)
+
+
+def _run_ppo_runtime_env(config) -> str:
+    """The runtime_env merge of ``run_ppo`` (without ``ray.init``)."""
+    ray_init_kwargs(config)
+    ray_init_kwargs_cfg = config.ray_kwargs.get("ray_init", {})
     where = os.environ.get("RAY_ADDRESS")
-    if where and ray_init_kwargs.get("num_cpus") is not None:
+    if where and ray_init_kwargs_cfg.get("num_cpus") is not None:
         raise DryRunError(
             "RAY_ADDRESS is set (connect to an existing cluster) but ray_kwargs.ray_init.num_cpus is set too; "
             "Ray refuses num_cpus when connecting: drop the override"
@@ -268,37 +287,76 @@ def _run_worker_configs(config) -> str:
     return "built " + ", ".join(built) + "; init_model asserts hold"
 
 
+def _parallel_sizes(config) -> tuple[str, int, int, int]:
+    """``(engine, tp, pp, cp)`` of the actor: Megatron's sizes, or ``(strategy, 1, 1, 1)`` for FSDP."""
+    actor = config.actor_rollout_ref.actor
+    if actor.strategy == "megatron":
+        mg = actor.megatron
+        return "megatron", mg.tensor_model_parallel_size, mg.pipeline_model_parallel_size, mg.context_parallel_size
+    return str(actor.strategy), 1, 1, 1
+
+
+def _token_budget_checks(config) -> str:
+    """Every dynamic-batch token budget must hold the longest sequence (prompt + response).
+
+    verl's dynamic batching (``rearrange_micro_batches``) cannot place a longer sequence in any micro-batch.
+
+    Raises:
+        DryRunError: naming the budget key, its value and the two length keys.
+    """
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    arr = config.actor_rollout_ref
+    longest = config.data.max_prompt_length + config.data.max_response_length
+    budgets = []
+    if arr.actor.use_dynamic_bsz:
+        budgets.append(("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.ppo_max_token_len_per_gpu))
+    if arr.rollout.log_prob_use_dynamic_bsz:
+        budgets.append(("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+                        arr.rollout.log_prob_max_token_len_per_gpu))
+    if need_reference_policy(config) and arr.ref.get("log_prob_use_dynamic_bsz", False):
+        budgets.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_max_token_len_per_gpu))
+    for key, val in budgets:
+        if val is None or val < longest:
+            raise DryRunError(
+                f"{key}={val} < data.max_prompt_length + data.max_response_length = "
+                f"{config.data.max_prompt_length} + {config.data.max_response_length} = {longest}: a full-length "
+                "sequence fits in no dynamic-batch micro-batch"
+            )
+    if not budgets:
+        return f"no dynamic batch size; longest sequence {longest} tokens"
+    smallest = min(v for _, v in budgets)
+    return f"longest sequence {longest} tokens fits {len(budgets)} dynamic-batch budget(s) (min {smallest})"
+
+
 def _recipe_checks(config) -> tuple[str, list[str]]:
     """Checks verl only meets at Megatron / vLLM start-up on GPUs. Returns (detail, warnings)."""
     arr = config.actor_rollout_ref
-    mg = arr.actor.megatron
+    engine, tp, pp, cp = _parallel_sizes(config)
     nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
     world = nodes * per_node
-    mp = mg.tensor_model_parallel_size * mg.pipeline_model_parallel_size * mg.context_parallel_size
+    mp = tp * pp * cp
     warnings: list[str] = []
     if world % mp:
         raise DryRunError(
             f"world size {world} (trainer.nnodes={nodes} x n_gpus_per_node={per_node}) is not divisible by "
             f"Megatron TP x PP x CP = {mp}; Megatron's parallel-state initialisation would fail"
         )
-    if mg.tensor_model_parallel_size > per_node:
-        warnings.append(f"Megatron TP={mg.tensor_model_parallel_size} spans nodes (> {per_node} GPUs a node)")
+    if tp > per_node:
+        warnings.append(f"Megatron TP={tp} spans nodes (> {per_node} GPUs a node)")
     rtp = arr.rollout.tensor_model_parallel_size
     if per_node % rtp:
         raise DryRunError(f"vLLM TP={rtp} does not divide n_gpus_per_node={per_node}")
-    longest = config.data.max_prompt_length + config.data.max_response_length
-    if arr.actor.use_dynamic_bsz:
-        for key, val in (
-            ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.ppo_max_token_len_per_gpu),
-            ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", arr.rollout.log_prob_max_token_len_per_gpu),
-        ):
-            # A sequence longer than the budget cannot be placed in any micro-batch.
-            if val < longest:
-                raise DryRunError(f"{key}={val} < max_prompt_length + max_response_length = {longest}")
+    budgets = _token_budget_checks(config)
     dp = world // mp
     responses = config.data.train_batch_size * arr.rollout.n
     if responses % dp:
-        warnings.append(f"{responses} responses a step do not split evenly over Megatron DP={dp}")
+        warnings.append(f"{responses} responses a step do not split evenly over {engine} DP={dp}")
+    if engine != "megatron":
+        if config.actor_rollout_ref.rollout.get("quantization", None) == "fp8":
+            raise DryRunError("actor_rollout_ref.rollout.quantization=fp8 is set up for the Megatron recipes only")
+        return f"{engine} DP={dp}; {budgets}", warnings
+    mg = arr.actor.megatron
 
     tc = mg.get("override_transformer_config", {}) or {}
     fp8 = tc.get("fp8", None)
@@ -327,7 +385,7 @@ def _recipe_checks(config) -> tuple[str, list[str]]:
             "actor_rollout_ref.rollout.quantization=fp8 without importance-sampling correction: set "
             "algorithm.rollout_correction.rollout_is=token (verl's FP8 docs: accuracy drops without TIS)"
         )
-    return f"Megatron DP={dp}, longest sequence {longest} tokens fits the budgets", warnings
+    return f"Megatron DP={dp}; {budgets}", warnings
 
 
 def _model_checks(config) -> tuple[str, str]:
@@ -346,10 +404,10 @@ def _model_checks(config) -> tuple[str, str]:
 
     with open(cfg_json, encoding="utf-8") as f:
         hf = json.load(f)
-    mg = arr.actor.megatron
     layers, heads = hf.get("num_hidden_layers"), hf.get("num_attention_heads")
     kv = hf.get("num_key_value_heads", heads)
-    tp, pp, rtp = mg.tensor_model_parallel_size, mg.pipeline_model_parallel_size, arr.rollout.tensor_model_parallel_size
+    _, tp, pp, _ = _parallel_sizes(config)
+    rtp = arr.rollout.tensor_model_parallel_size
     if layers and layers % pp:
         raise DryRunError(f"num_hidden_layers={layers} is not divisible by Megatron PP={pp}")
     for name, t in (("Megatron TP", tp), ("vLLM TP", rtp)):
@@ -360,6 +418,124 @@ def _model_checks(config) -> tuple[str, str]:
     # Shape first (pure JSON), then what the worker builds: HF config + tokenizer, no weights.
     omega_conf_to_dataclass(arr.model)
     return "PASS", f"HFModelConfig built; layers={layers} heads={heads} kv_heads={kv} fit TP/PP"
+
+
+def _train_rows(config) -> tuple[int | None, list[str]]:
+    """Row count of ``data.train_files`` from the parquet footers (no data read), capped by ``train_max_samples``.
+
+    Returns ``(rows, missing)``: ``rows`` is None when a file is absent (``missing`` lists those).
+    """
+    import pyarrow.parquet as pq
+
+    v = config.data.train_files
+    files = [str(v)] if isinstance(v, str) else [str(x) for x in v]
+    missing = [f for f in files if not os.path.isfile(os.path.expanduser(f))]
+    if missing:
+        return None, missing
+    rows = sum(pq.ParquetFile(os.path.expanduser(f)).metadata.num_rows for f in files)
+    cap = config.data.get("train_max_samples", -1)
+    if cap is not None and cap > 0:
+        rows = min(rows, int(cap))
+    return rows, []
+
+
+def _schedule_checks(config) -> tuple[str, str, list[str]]:
+    """The run trains the steps it states, and its last step gets a checkpoint and a validation.
+
+    verl's v1 loop (``trainer/ppo/v1/trainer_base.py`` ``fit``) runs ``while current_epoch < total_epochs and
+    global_steps <= total_training_steps`` with ``steps_per_epoch = ⌊rows / train_batch_size⌋``, so it stops
+    silently after ``total_epochs × steps_per_epoch`` steps when that is fewer. It saves and validates at
+    ``is_last_step`` when ``save_freq`` / ``test_freq`` > 0.
+
+    Returns:
+        ``(status, detail, warnings)``; status ``SKIPPED`` when the train parquet is absent here.
+    Raises:
+        DryRunError: too few epochs (naming ``trainer.total_epochs``, the rows, ``data.train_batch_size`` and
+            ``trainer.total_training_steps``), or fewer rows than one batch.
+    """
+    import math
+
+    tr = config.trainer
+    bs = config.data.train_batch_size
+    steps, epochs = tr.total_training_steps, tr.total_epochs
+    rows, missing = _train_rows(config)
+    warnings: list[str] = []
+    if rows is None:
+        status = "SKIPPED"
+        bound = "total_epochs >= total_training_steps, so no row count can cut it short" if (
+            steps is not None and epochs >= steps) else "the run may end earlier than total_training_steps"
+        detail = (f"train parquet {missing[0]} absent here: the total_epochs x rows check did not run "
+                  f"(trainer.total_epochs={epochs}, trainer.total_training_steps={steps}; {bound})")
+        last = steps
+    else:
+        per_epoch = rows // bs
+        if per_epoch == 0:
+            raise DryRunError(f"data.train_files holds {rows} rows < data.train_batch_size={bs}: no training step "
+                              "(the dataloader drops the last incomplete batch)")
+        reach = epochs * per_epoch
+        if steps is None:
+            last = reach
+        elif reach < steps:
+            raise DryRunError(
+                f"trainer.total_epochs={epochs} x floor({rows} rows of data.train_files / data.train_batch_size={bs}) "
+                f"= {epochs} x {per_epoch} = {reach} < trainer.total_training_steps={steps}: verl's loop would stop "
+                f"silently at step {reach}, without the final checkpoint and validation; set "
+                f"trainer.total_epochs>={math.ceil(steps / per_epoch)}"
+            )
+        else:
+            last = steps
+        status = "PASS"
+        detail = (f"{rows} train rows (parquet metadata; before filter_overlong_prompts) / batch {bs} = {per_epoch} "
+                  f"steps an epoch x trainer.total_epochs={epochs} = {reach} >= {last} steps")
+    for key, what in (("save_freq", "checkpoint"), ("test_freq", "validation")):
+        freq = tr[key]
+        if freq is None or freq <= 0:
+            warnings.append(f"trainer.{key}={freq}: the last step {last} gets no {what}")
+        elif last is not None and last % freq:
+            detail += f"; trainer.{key}={freq}: every {freq} steps and at the last step {last} (is_last_step)"
+        else:
+            detail += f"; trainer.{key}={freq} lands on the last step {last}"
+    return status, detail, warnings
+
+
+def _stop_token_checks(config) -> tuple[str, str, str, list[str]]:
+    """The stop setting that reaches the rollout config, and the ids it makes the rollout stop at.
+
+    Returns ``(status, detail, stop_ids, warnings)``; SKIPPED when ``model.path`` is not a local HF directory
+    (the recipes then resolve the ids at launch). Warns when the model's chat template ends a turn with a token
+    the rollout would not stop at (Qwen3 base: ``<|im_end|>``).
+    """
+    from omegaconf import OmegaConf
+
+    from stapo_verl import stop_tokens
+
+    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config"
+    gc = OmegaConf.select(config, key, default=None)
+    path = os.path.expanduser(str(config.actor_rollout_ref.model.path))
+    setting = f"{key}={gc!r}"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return "SKIPPED", (f"{setting}; model.path is not a local HF directory, so the stop ids are read at launch "
+                           f"(python -m stapo_verl.stop_tokens --model <model.path> --out <that folder>)"), "", []
+    stop = stop_tokens.resolve(path)
+    warnings: list[str] = []
+    folder_pending = gc not in (None, "", *stop_tokens.VLLM_GENERATION_CONFIG_KEYWORDS) and not os.path.isfile(
+        os.path.join(os.path.expanduser(str(gc)), "generation_config.json"))
+    if folder_pending:
+        effective = list(stop.ids)
+        source = "folder written at launch by stapo_verl.stop_tokens"
+    else:
+        effective = stop_tokens.effective_stop_ids(path, None if gc is None else str(gc))
+        source = "as configured"
+    missing = [i for i in stop.ids if i not in effective]
+    if missing:
+        warnings.append(
+            f"the rollout stops at {effective} but the model also ends turns/sequences with "
+            f"{[stop.tokens[i] for i in missing]}: responses may run on into invented turns; point "
+            f"+{key} at a folder written by `python -m stapo_verl.stop_tokens --model {path} --out <folder>` "
+            "(the recipes do, with STOP_AT_END_OF_TURN=1)"
+        )
+    ids = ", ".join(f"{i} {stop.tokens.get(i, '?')}" for i in effective)
+    return "PASS", f"{setting} ({source}): the rollout stops at [{ids}]", f"[{ids}]", warnings
 
 
 def _data_checks(config) -> tuple[str, str]:
@@ -440,6 +616,7 @@ def _summary(config) -> list[tuple[str, Any]]:
         arr + "rollout.val_kwargs.n",
         arr + "rollout.val_kwargs.temperature",
         arr + "rollout.val_kwargs.top_p",
+        arr + "rollout.engine_kwargs.vllm.generation_config",
         mg + "override_transformer_config.fp8",
         mg + "override_transformer_config.fp8_recipe",
         arr + "actor.optim.override_optimizer_config.fp8_recipe",
@@ -450,7 +627,10 @@ def _summary(config) -> list[tuple[str, Any]]:
         "reward.custom_reward_function.path",
         "reward.custom_reward_function.name",
         "data.train_files",
+        "data.dataloader_num_workers",
+        arr + "actor.strategy",
         "trainer.total_training_steps",
+        "trainer.total_epochs",
         "trainer.test_freq",
         "trainer.save_freq",
         "trainer.project_name",
@@ -464,21 +644,24 @@ def _summary(config) -> list[tuple[str, Any]]:
             continue  # keys only the STAPO config class has
         out.append((k, v))
     world = sel("trainer.nnodes") * sel("trainer.n_gpus_per_node")
-    mp = (
-        sel(mg + "tensor_model_parallel_size")
-        * sel(mg + "pipeline_model_parallel_size")
-        * sel(mg + "context_parallel_size")
-    )
+    _, tp, pp, cp = _parallel_sizes(config)
+    mp = tp * pp * cp
     fp8 = sel(mg + "override_transformer_config.fp8")
     recipe = sel(mg + "override_transformer_config.fp8_recipe")
     precision = "bf16" if fp8 in (None, False) else f"fp8 (TE {fp8}/{recipe})"
+    if sel(arr + "actor.strategy") != "megatron":
+        mixed = sel(arr + "actor.fsdp_config.mixed_precision") or {}
+        precision = (f"{sel(arr + 'actor.fsdp_config.model_dtype')} weights, "
+                     f"{mixed.get('param_dtype', 'bf16') if hasattr(mixed, 'get') else mixed} compute (FSDP)")
     if sel(arr + "rollout.quantization"):
         precision += f", rollout {sel(arr + 'rollout.quantization')}"
     ray_address = os.environ.get("RAY_ADDRESS")
     out += [
         ("derived.precision", precision),
         ("derived.world_size", world),
-        ("derived.megatron_dp", world // mp if mp else None),
+        ("derived.engine", sel(arr + "actor.strategy")),
+        ("derived.dp", world // mp if mp else None),
+        ("derived.megatron_dp", world // mp if mp and sel(arr + "actor.strategy") == "megatron" else None),
         ("derived.rollout_replicas", world // sel(arr + "rollout.tensor_model_parallel_size")),
         ("derived.responses_per_step", sel("data.train_batch_size") * sel(arr + "rollout.n")),
         (
@@ -486,6 +669,9 @@ def _summary(config) -> list[tuple[str, Any]]:
             sel("data.train_batch_size") // sel(arr + "actor.ppo_mini_batch_size") * sel(arr + "actor.ppo_epochs"),
         ),
         ("derived.ray", f"RAY_ADDRESS={ray_address}" if ray_address else "local ray.init"),
+        # STAPO_* settings shipped to every Ray worker through ray_init.runtime_env (e.g. the reward timeout).
+        ("derived.worker_env", {k: v for k, v in (sel("ray_kwargs.ray_init.runtime_env.env_vars") or {}).items()
+                                if str(k).startswith("STAPO_")}),
     ]
     return out
 
@@ -518,6 +704,7 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
     """
     out = out or sys.stdout
     report = DryRunReport()
+    derived: dict[str, Any] = {}
 
     def emit(line: str = "") -> None:
         print(line, file=out, flush=True)
@@ -562,14 +749,32 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
             return detail
 
         step("recipe checks (Megatron/vLLM start-up rules)", recipe)
+
+        def with_warnings(name: str, res: tuple) -> tuple[str, str]:
+            *head, warns = res
+            for w in warns:
+                report.steps.append((name, "WARN", w))
+                emit(f"{PREFIX} WARN  {w}")
+            return head[0], head[1]
+
+        step("training length (epochs x rows, last-step checkpoint/validation)",
+             lambda: with_warnings("training length", _schedule_checks(config)))
+
         step("HFModelConfig + model shape", lambda: _model_checks(config))
+
+        def stops() -> tuple[str, str]:
+            status, detail, ids, warns = _stop_token_checks(config)
+            derived["derived.stop_token_ids"] = ids or "resolved at launch"
+            return with_warnings("stop tokens", (status, detail, warns))
+
+        step("stop tokens reaching the rollout", stops)
         step("data files", lambda: _data_checks(config))
         step("Ray resource pools, Megatron/vLLM init", lambda: ("SKIPPED", "need GPUs and a Ray cluster"))
     except _Stop:
         emit(f"{PREFIX} FAILED: the config would not start (message above is verl's / Hydra's own)")
         return report
 
-    report.settings = _summary(config)
+    report.settings = _summary(config) + list(derived.items())
     emit(f"{PREFIX} resolved key settings:")
     width = max(len(k) for k, _ in report.settings)
     for k, v in report.settings:

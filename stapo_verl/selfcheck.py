@@ -36,6 +36,17 @@ def needs_current_entropy(loss_mode: str, stats_source: str) -> bool:
     return loss_mode == "top_entropy" or stats_source == "current_micro_batch"
 
 
+def _n_minibatches(config) -> int | None:
+    """Optimizer mini-batches per step (× ppo_epochs), or None when the keys are missing."""
+    try:
+        tbs = int(_get(config, "data.train_batch_size"))
+        mbs = int(_get(config, f"{_ACTOR}.ppo_mini_batch_size"))
+        epochs = int(_get(config, f"{_ACTOR}.ppo_epochs", 1))
+    except (TypeError, ValueError):
+        return None
+    return max(tbs // max(mbs, 1), 1) * epochs
+
+
 def validate_stapo_config(config) -> None:
     """Check the keys a STAPO loss mode depends on; no-op for other loss modes.
 
@@ -43,7 +54,8 @@ def validate_stapo_config(config) -> None:
         config: the full composed trainer config (OmegaConf DictConfig of ``ppo_trainer``).
     Raises:
         StapoConfigError: ``_target_`` missing, ``actor.calculate_entropy`` inconsistent with the statistics
-            source, old-policy route without the v1 trainer's old-log-prob pass, or distillation enabled.
+            source, ``old_policy``/``current_minibatch`` without the v1 trainer's old-log-prob pass, or
+            distillation enabled.
         stapo_verl.config.StapoNotRegisteredError: the loss is ours but not registered in this process.
     Source: verl_notes §5–6, bugs D15/D16/D19/D20; spec §10 A3.
     """
@@ -68,23 +80,41 @@ def validate_stapo_config(config) -> None:
             f"{why} reads the current-policy entropy: set {_ACTOR}.calculate_entropy=True (got False)"
         )
     if not needs_current_entropy(loss_mode, stats_source):
+        # old_policy and current_minibatch both read the v1 trainer's old-log-prob pass (current_minibatch for
+        # the first mini-batch of a step, where π_θ = π_old, and for its mask_disagreement diagnostic).
         if not bool(_get(config, "trainer.use_v1", True)):
             raise StapoConfigError(
-                "stats_source=old_policy uses the old-policy entropy of verl's v1 trainer: set trainer.use_v1=True "
-                "or use +actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch"
+                f"stats_source={stats_source} uses the old-policy log-prob/entropy of verl's v1 trainer: set "
+                "trainer.use_v1=True or use +actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch"
             )
         if bool(_get(config, "algorithm.rollout_correction.bypass_mode", False)):
             raise StapoConfigError(
-                "stats_source=old_policy needs verl's old-log-prob pass, which "
+                f"stats_source={stats_source} needs verl's old-log-prob pass, which "
                 "algorithm.rollout_correction.bypass_mode=True skips: set it to False or use "
                 "stats_source=current_micro_batch"
             )
         if calc_entropy:
             logger.warning(
-                "%s.calculate_entropy=True is not needed by stats_source=old_policy: it makes verl compute a "
+                "%s.calculate_entropy=True is not needed by stats_source=%s: it makes verl compute a "
                 "gradient-carrying entropy in every training forward (memory, D20). Set it to False.",
                 _ACTOR,
+                stats_source,
             )
+        if stats_source == "current_minibatch":
+            pp = int(_get(config, f"{_ACTOR}.megatron.pipeline_model_parallel_size", 1) or 1)
+            if _get(config, f"{_ACTOR}.strategy", "") == "megatron" and pp > 1:
+                raise StapoConfigError(
+                    f"stats_source=current_minibatch is not supported with {_ACTOR}.megatron."
+                    f"pipeline_model_parallel_size={pp} (only the last pipeline stage holds the extra forward's "
+                    "outputs): use stats_source=old_policy or pipeline_model_parallel_size=1"
+                )
+            n_mini = _n_minibatches(config)
+            if n_mini == 1:
+                logger.warning(
+                    "stats_source=current_minibatch with one optimizer mini-batch per step (actor.ppo_mini_batch_size "
+                    "== data.train_batch_size, ppo_epochs=1) is identical to old_policy and costs nothing extra; "
+                    "it only differs with several mini-batches per step."
+                )
     if _get(config, "distillation.enabled", False):
         raise StapoConfigError(f"loss_mode={loss_mode} is not supported together with distillation.enabled=True")
     if float(_get(config, f"{_ACTOR}.entropy_coeff", 0.0) or 0.0) != 0.0:

@@ -36,8 +36,17 @@ def main(out_path, port):
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding, response_from_nested, response_to_nested
 
+    import stapo_verl.losses as losses
     from stapo_verl import state
     from stapo_verl.worker_hooks import apply_s2t_to_minibatch, stapo_ppo_loss
+
+    pg_bnt, orig_vanilla = [], losses.compute_policy_loss_vanilla
+
+    def spy_vanilla(**kw):  # the PG term's denominator, per micro-batch
+        pg_bnt.append(float(kw["config"].global_batch_info["batch_num_tokens"]))
+        return orig_vanilla(**kw)
+
+    losses.compute_policy_loss_vanilla = spy_vanilla
 
     tmp = tempfile.mkdtemp()
     tiny_qwen3(seed=0, vocab=VOCAB).save_pretrained(tmp)
@@ -115,6 +124,8 @@ def main(out_path, port):
         "n_masked": stats.n_masked,
         "n_candidates": stats.n_candidates,
         "batch_num_tokens": int(td["batch_num_tokens"]),
+        "pg_batch_num_tokens": pg_bnt,
+        "loss_mask_sum": int(td["loss_mask"].values().sum()),
         "max_change": max(changed.values()),
         "n_changed": sum(v > 0 for v in changed.values()),
         "n_params": len(changed),

@@ -1,8 +1,11 @@
-"""End to end: the tiny CPU STAPO recipe for 2 training steps (+ one validation), then a resume to step 3.
+"""End to end: the tiny CPU STAPO recipe for 2 training steps (+ one validation), then a resume to step 3, then
+the same command once more, which must say the run is complete instead of training nothing silently.
 
-Runs `bash recipes/tiny_cpu_stapo.sh` in a subprocess (local Ray, TransferQueue, FSDP2 on gloo, the CPU
-rollout server, the project's reward function, loss_mode=stapo). Batch sizes are shrunk by Hydra overrides to
-keep it short; assets come from the cache (`$STAPO_ASSETS` or ~/.cache/stapo_verl/tiny; built on first use).
+Runs `bash recipes/tiny_cpu_stapo.sh` in a subprocess: recipes/common/base.sh at size `tiny` + the CPU delta
+(local Ray, TransferQueue, FSDP2 on gloo, the CPU rollout server with the recipe's stop-token generation config,
+the `dapo` reward manager with the project's scorer, dynamic batch size, loss_mode=stapo through the plugin's
+actor option). Batch sizes are shrunk by Hydra overrides to keep it short; assets come from the cache
+(`$STAPO_ASSETS` or ~/.cache/stapo_verl/tiny; built on first use).
 """
 
 from __future__ import annotations
@@ -16,8 +19,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = [
     "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
     "data.val_max_samples=32", "actor_rollout_ref.rollout.val_kwargs.n=1", "trainer.val_before_train=False",
 ]
 
@@ -54,6 +55,12 @@ def test_tiny_stapo_two_steps_then_resume(tmp_path):
     assert any(re.match(r"val-aux/math_dapo/(no_box|timeout)/mean@\d+", k) for k in m[2]), sorted(m[2])
     assert any(k.startswith("val-core/math_dapo/acc/mean@") for k in m[2])  # the one validation ran
 
+    # issue 9 item 13: a clean exit, no DataLoader worker killed at shutdown
+    assert "DataLoader worker" not in log and "killed by signal" not in log, log[-3000:]
+    # issue 9 item 2: the rollout got the stop-token generation config the recipe wrote from the model's files
+    gen_cfg = json.loads((run_dir / "ckpt" / "generation_config" / "generation_config.json").read_text())
+    assert len(gen_cfg["eos_token_id"]) == len(set(gen_cfg["eos_token_id"])) >= 1
+
     ckpt = run_dir / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (ckpt / "global_step_2" / "actor").is_dir()
@@ -70,3 +77,11 @@ def test_tiny_stapo_two_steps_then_resume(tmp_path):
     assert any(k.startswith("actor/stapo/") for k in m2[3])
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     assert list(run_dir.glob("metrics.*.jsonl")), "first invocation's metrics were not kept"
+    # the summary reports this invocation only (step 3), not the first one's steps
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1
+
+    # issue 11 item 3: the same command again says plainly that the run is complete; nothing is run
+    r3 = _run(run_dir, "trainer.total_training_steps=3", "trainer.test_freq=-1", timeout=180)
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    assert "is already complete: its checkpoint is at step 3" in r3.stderr
+    assert (run_dir / "train.log").read_text() == log2  # no new training log

@@ -55,7 +55,9 @@ import verl.utils.distributed as vd
 import verl.workers.engine_workers as ew
 import stapo_verl.cpu as c
 c.register()  # idempotent
+import verl.workers.engine.fsdp.transformer_impl as ti
 print(json.dumps({
+  "offload_pin_memory": ti.CPUOffloadPolicy().pin_memory,
   "device": get_device_name(), "device_id": get_device_id(), "module": get_torch_device().__name__,
   "engine": EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__,
   "adapter": get_rollout_class("cpu", "async").__name__,
@@ -67,7 +69,8 @@ print(json.dumps({
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads(r.stdout.strip().splitlines()[-1])
-    assert info == {"device": "cpu", "device_id": "cpu", "module": "stapo_verl.cpu.device_module",
+    # the forward-only (ref) FSDP2 engine's CPUOffloadPolicy(pin_memory=True) cannot pin on CPU-only torch
+    assert info == {"offload_pin_memory": False, "device": "cpu", "device_id": "cpu", "module": "stapo_verl.cpu.device_module",
                     "engine": "FSDPEngineWithLMHead", "adapter": "CPUServerAdapter", "replica": "CPUReplica",
                     "pg_patched": True}
 

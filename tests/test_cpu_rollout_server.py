@@ -208,3 +208,84 @@ def test_adapter_weight_sync_changes_outputs(tiny_model_dir, ray_local):
     with pytest.raises(ValueError, match="wire_format"):
         asyncio.run(adapter.update_weights(iter([]), wire_format="delta_flush"))
     ray.kill(server)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# stop tokens (issue 9 item 2): Qwen3 base models end sequences with <|endoftext|> but turns with <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def base_like_dir(tmp_path_factory):
+    """A tiny model dir laid out like Qwen3-Base: tokenizer eos <|endoftext|>, ChatML turns closed by <|im_end|>,
+    generation_config eos_token_id = <|endoftext|> only."""
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("base_like")
+    rng = random.Random(1)
+    probs = [M.make_problem(rng) for _ in range(200)]
+    tok = M.build_tokenizer([p["question"] + "\n" + p["solution"] for p in probs], out, vocab_size=300)
+    tok.eos_token = "<|endoftext|>"
+    tok.save_pretrained(str(out))
+    model = M.build_model(tok, hidden=64, layers=2)
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    model.save_pretrained(str(out))
+    tok = AutoTokenizer.from_pretrained(str(out))
+    return str(out), tok, [M.encode_chat(tok, p["question"]) for p in probs[:3]]
+
+
+def _server_with(path, generation_config=None):
+    cfg = {"prompt_length": PROMPT_LEN, "response_length": RESP_LEN, "max_model_len": None, "seed": 0,
+           "dtype": "float32", "engine_kwargs": {"vllm": {"generation_config": generation_config}}}
+    s = CPURolloutServer(config=cfg, model_config={"path": path}, replica_rank=0)
+    asyncio.run(s.launch_server())
+    return s
+
+
+def test_stop_tokens_come_from_the_models_own_files(base_like_dir):
+    from stapo_verl.eval.generate_vllm import sampling_stop_kwargs
+    from stapo_verl.stop_tokens import end_of_turn_token_id, resolve
+
+    path, tok, _ = base_like_dir
+    endoftext, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    assert endoftext != im_end and tok.eos_token_id == endoftext
+    assert end_of_turn_token_id(tok) == im_end  # found by rendering the chat template, not by name
+    stop = resolve(path)
+    assert stop.eos_token_id == endoftext and stop.generation_eos_ids == (endoftext,)
+    assert stop.ids == tuple(sorted((endoftext, im_end)))
+    assert stop.describe() == f"{list(stop.ids)} ({', '.join(tok.convert_ids_to_tokens(list(stop.ids)))})"
+    # the offline evaluation (generate_vllm) stops at the same ids
+    assert sampling_stop_kwargs(stop) == {"stop_token_ids": list(stop.ids)}
+
+
+def test_server_stops_where_the_vllm_generation_config_setting_says(base_like_dir, tmp_path):
+    from stapo_verl.stop_tokens import write_generation_config
+
+    path, tok, prompts = base_like_dir
+    endoftext, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    # vLLM semantics of engine_kwargs.vllm.generation_config: unset/'auto' = the model's, 'vllm' = none
+    assert _server_with(path).stop_token_ids == [endoftext]
+    assert _server_with(path, "auto").stop_token_ids == [endoftext]
+    assert _server_with(path, "vllm").stop_token_ids == [endoftext]
+    folder = tmp_path / "gen_cfg"
+    write_generation_config(path, str(folder))
+    s = _server_with(path, str(folder))
+    assert s.stop_token_ids == sorted((endoftext, im_end))
+    assert sorted(s.generator.eos.tolist()) == sorted((endoftext, im_end))  # what the sampler stops at
+    with pytest.raises(FileNotFoundError, match="engine_kwargs.vllm.generation_config="):
+        _server_with(path, str(tmp_path / "missing"))
+
+
+def test_generation_ends_at_an_id_of_the_configured_generation_config(base_like_dir, tmp_path):
+    """The ids of the folder reach the sampling loop: greedy output stops at the first configured id."""
+    import json
+
+    path, _, prompts = base_like_dir
+    plain = _gen(_server_with(path), prompts[:1], temperature=0, max_tokens=8)[0].token_ids
+    assert len(plain) == 8  # the random model does not hit <|endoftext|> in 8 greedy tokens
+    folder = tmp_path / "stop_at_first"
+    folder.mkdir()
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [plain[2]]}))
+    stopped = _gen(_server_with(path, str(folder)), prompts[:1], temperature=0, max_tokens=8)[0].token_ids
+    first = plain.index(plain[2])
+    assert stopped == plain[: first + 1]  # the stop token is included, as vLLM returns it

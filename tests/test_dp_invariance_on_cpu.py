@@ -17,6 +17,7 @@ from test_stapo_loss_on_cpu import _batch, _call, _set_global
 from tensordict import TensorDict
 
 from stapo_verl import state
+from stapo_verl.state import KEEP_FIELD
 from stapo_verl.worker_hooks import apply_s2t_to_minibatch
 
 
@@ -37,7 +38,7 @@ def _loss_and_grad(b, rows, loss_mode, stats_source, group, dp_size):
         td = TensorDict({"old_log_probs": sub["old"], "entropy": sub["ent"], "advantages": sub["adv"],
                          "response_mask": sub["rm"].int()}, batch_size=[len(rows)])
         stats = apply_s2t_to_minibatch(td, cfg.policy_loss, group)
-        keep = td["response_mask"].bool()
+        keep = td[KEEP_FIELD].bool()
         n_tok = torch.tensor(float(keep.sum()))
     else:
         stats, keep = None, sub["rm"]
@@ -46,10 +47,12 @@ def _loss_and_grad(b, rows, loss_mode, stats_source, group, dp_size):
         dist.all_reduce(n_tok, group=group)
     _set_global(cfg, dp_size=dp_size, batch_num_tokens=int(n_tok), global_batch_size=8)
     state.MINIBATCH.start(stats)
-    tok = state.LOSS_CONTEXT.set(state.LossContext(entropy=sub["ent"], dp_group=group))
+    # as stapo_ppo_loss hands them over: K of the mini-batch routes separately, response_mask = all valid tokens
+    ctx_keep = keep if stats_source == "old_policy" else None
+    tok = state.LOSS_CONTEXT.set(state.LossContext(entropy=sub["ent"], dp_group=group, keep=ctx_keep))
     try:
         loss, metrics = _call(loss_mode, cfg, old_log_prob=sub["old"], log_prob=logp, advantages=sub["adv"],
-                              response_mask=keep)
+                              response_mask=sub["rm"].bool())
     finally:
         state.LOSS_CONTEXT.reset(tok)
         state.MINIBATCH.end()

@@ -12,7 +12,15 @@ from stapo_verl.eval.__main__ import main, parse_runs
 from stapo_verl.eval.generate_vllm import DECODING_SETTINGS, MAX_NEW_TOKENS, build_parser, decoding_tag, make_records
 from stapo_verl.eval.metrics import SIX_BENCHMARKS, avg_at_k, mean_pass_at_k, pass_at_k
 from stapo_verl.eval.records import RecordError, read_records, write_records
-from stapo_verl.eval.table import build_gain_table, build_table, six_average, summarize_run, to_markdown
+from stapo_verl.eval.table import (
+    build_gain_table,
+    build_table,
+    short_problem_notes,
+    six_average,
+    summarize_run,
+    to_markdown,
+    write_tables,
+)
 
 
 def test_pass_at_k_hand_values():
@@ -128,3 +136,51 @@ def test_generate_vllm_is_importable_without_vllm(tmp_path):
     assert write_records(recs, tmp_path / "g.jsonl") == 2
     with pytest.raises(ValueError, match="1 rows but 0"):
         list(make_records([row], [], "t", "p"))
+
+
+# ---------------------------------------------------------------- issue 9 items 11 and 12
+
+
+def test_each_problem_uses_its_own_n_and_the_table_says_so(tmp_path):
+    """3 AIME problems, one with 31 samples: the others keep k = 32 (pass@32 of 1 correct in 32 is 1, not 31/32)."""
+    recs = [{"benchmark": "aime24", "problem_id": "0", "sample_index": j, "acc": j == 0} for j in range(32)]
+    recs += [{"benchmark": "aime24", "problem_id": "1", "sample_index": j, "acc": j < 2} for j in range(31)]
+    recs += [{"benchmark": "aime24", "problem_id": "2", "sample_index": j, "acc": False} for j in range(32)]
+    summary = summarize_run(recs)["aime24"]
+    # pass_at_k(32, 1, 32) = 1, pass_at_k(31, 2, 31) = 1, pass_at_k(32, 0, 32) = 0; the old shared k = 31 gave
+    # (1 - C(31,31)/C(32,31)) = 0.96875 for problem 0, i.e. 65.62 %.
+    assert summary["pass@k"] == pytest.approx(2 / 3)
+    assert summary["avg@k"] == pytest.approx((1 / 32 + 2 / 31 + 0) / 3)
+    assert summary["short_problems"] == 1 and summary["short_problem_n"] == {"1": 31}
+    assert build_table({"A": {"aime24": summary}}, "pass@k")[1][0][1] == "66.67"
+    notes = short_problem_notes({"A": {"aime24": summary}})
+    assert notes == ["A / aime24: 1 of 3 problems with n < k = 32: '1' (n=31); their avg@k uses n samples and "
+                     "their pass@k is pass@n"]
+    write_tables({"A": {"aime24": summary}}, tmp_path)
+    assert "### Problems with fewer than k samples\n\n- " + notes[0] in (tmp_path / "table.md").read_text()
+    full = summarize_run(_records("aime24", [1, 0], 32))["aime24"]
+    assert full["short_problem_n"] == {} and not short_problem_notes({"A": {"aime24": full}})
+
+
+def test_duplicate_samples_are_an_error_naming_file_and_line(tmp_path, capsys):
+    lines = [{"benchmark": "aime24", "problem_id": "7", "sample_index": j, "response": "\\boxed{1}",
+              "ground_truth": "1"} for j in (0, 1)]
+    lines.append({**lines[0], "response": "\\boxed{2}"})  # the same sample again, with another answer
+    path = tmp_path / "g.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(RecordError, match=r"g\.jsonl:3: duplicate record \(benchmark, problem_id, sample_index\) = "
+                                          r"\('aime24', '7', 0\); first at line 1"):
+        list(read_records(path))
+    assert main(["--runs", f"A={path}", "--out", str(tmp_path / "out")]) == 2
+    assert "g.jsonl:3: duplicate record" in capsys.readouterr().err
+    with pytest.raises(RecordError, match=r"h\.jsonl:3: duplicate record"):
+        write_records(lines, tmp_path / "h.jsonl")
+    with pytest.raises(ValueError, match=r"duplicate record .* \('aime24', '7', 0\)"):
+        summarize_run([{**r, "acc": True} for r in lines])
+    bad = tmp_path / "i.jsonl"
+    bad.write_text(json.dumps({**lines[0], "sample_index": "0"}) + "\n")
+    with pytest.raises(RecordError, match=r"i\.jsonl:1: sample_index must be an integer >= 0, got '0'"):
+        list(read_records(bad))
+    bad.write_text("[1, 2]\n")
+    with pytest.raises(RecordError, match=r"i\.jsonl:1: expected a JSON object, got list"):
+        list(read_records(bad))

@@ -29,8 +29,11 @@ def test_fsdp2_engine_train_batch_runs_stapo_and_updates_weights(tmp_path):
     r = json.loads(out.read_text())
     assert r["device"] == "cpu"
     assert r["n_masked"] > 0 and r["n_candidates"] >= r["n_masked"]
-    # the engine normalised by the global kept count Σ K (exact renormalisation), not by all valid tokens
-    assert r["batch_num_tokens"] == r["n_valid"] - r["n_masked"]
+    # the PG term is normalised by the global kept count Σ K (exact renormalisation) in every micro-batch, while
+    # loss_mask stays intact and the engine's count (what verl's KL/entropy terms use) is every valid token
+    assert len(r["pg_batch_num_tokens"]) == 2  # 4 samples, micro_batch_size_per_gpu=2
+    assert all(b == r["n_valid"] - r["n_masked"] for b in r["pg_batch_num_tokens"])
+    assert r["batch_num_tokens"] == r["loss_mask_sum"] == r["n_valid"]
     assert all(v == pytest.approx(r["n_masked"] / r["n_valid"]) for v in r["masked_frac"])
     assert {"actor/stapo/tau_h", "actor/stapo/num_masked", "actor/pg_loss"} <= set(r["metric_keys"])
     assert r["n_changed"] == r["n_params"] and r["max_change"] > 0  # the optimizer step moved every weight

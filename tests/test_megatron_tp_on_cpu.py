@@ -3,8 +3,8 @@
 Exercised (megatron-core 0.16.1 on CPU): ``parallel_state`` TP groups, verl's ``vocab_parallel_entropy`` and
 Megatron's vocab-parallel cross-entropy (``vocab_parallel_log_probs_from_logits``), and verl's real
 ``MegatronEngineWithLMHead._lm_head_logits_processor`` with our wrapper installed.
-Not exercisable on CPU: the ``GPTModel`` forward (megatron-core needs CUDA there), pipeline schedules (PP > 1),
-context parallelism and Transformer Engine layers.
+The whole engine (``GPTModel`` forward/backward, pipeline schedules, optimizer) at TP=2 / PP=2 / DP=2 on the CPU is
+covered by ``test_megatron_engine_on_cpu.py``; this file isolates the logits processor's TP maths.
 """
 
 import os
@@ -107,3 +107,69 @@ def test_temperature_shape_is_checked():
 
     with pytest.raises(ValueError, match="temperature shape"):
         vocab_parallel_entropy_no_grad(torch.zeros(2, 3, 4), torch.ones(3))
+
+
+def test_block_causal_mask_is_causal_within_and_blind_across_packed_sequences():
+    from stapo_verl.cpu.megatron.core import block_causal_mask
+
+    m = block_causal_mask(torch.tensor([0, 2, 5]), 6)[0, 0]  # sequences [0,1], [2,3,4], and padding token 5
+    allowed = ~m
+    expected = torch.zeros(6, 6, dtype=torch.bool)
+    for lo, hi in ((0, 2), (2, 5), (5, 6)):
+        for i in range(lo, hi):
+            expected[i, lo: i + 1] = True
+    assert torch.equal(allowed, expected)
+
+
+def test_local_spec_norm_names_map_onto_mbridge_te_names():
+    from stapo_verl.cpu.megatron.bridge import local_to_te_name
+
+    assert local_to_te_name("decoder.layers.3.input_layernorm.weight") == (
+        "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight")
+    assert local_to_te_name("decoder.layers.0.pre_mlp_layernorm.weight") == (
+        "decoder.layers.0.mlp.linear_fc1.layer_norm_weight")
+    assert local_to_te_name("decoder.final_layernorm.weight") == "decoder.final_layernorm.weight"
+
+
+_SHIM_PROBE = r"""
+import sys, torch
+import verl  # the plugin's entry point: CPU platform + post-import hooks
+before = sorted(m for m in ("mbridge",) if m in sys.modules)
+import verl.workers.engine.megatron.transformer_impl as meg
+import megatron.core.tensor_parallel.layers as layers, megatron.core.pipeline_parallel.schedules as sched
+import verl.utils.torch_functional as vf
+from stapo_verl.cpu.megatron import core, install_hooks, torch_proxy
+from verl.workers.engine.base import EngineRegistry
+proxy = torch_proxy.TORCH_ON_CPU
+assert layers.torch is proxy and sched.torch is proxy and vf.torch is torch  # only megatron's modules
+assert proxy.cuda.current_device() == torch.device("cpu") and proxy.zeros(1, device="cuda").device.type == "cpu"
+try:
+    torch.cuda.current_device()
+    raise SystemExit("torch.cuda was patched globally")
+except (AssertionError, RuntimeError):
+    pass
+assert torch.Tensor.type is core._REAL_TYPE and torch.zeros(1).type() == "torch.FloatTensor"  # scoped only
+fwd = meg.MegatronEngineWithLMHead
+assert EngineRegistry._engines["language_model"]["megatron"]["cpu"] is fwd
+import megatron.core.transformer.dot_product_attention as dpa
+f = dpa.DotProductAttention.forward
+install_hooks(); core.install()  # idempotent
+assert dpa.DotProductAttention.forward is f and layers.torch is proxy
+import mbridge.core.llm_bridge as lb
+assert getattr(lb.get_gpt_decoder_block_spec, "_stapo_cpu", False)
+print("OK", before)
+"""
+
+
+def test_cpu_megatron_shims_are_lazy_scoped_and_idempotent():
+    """Under VERL_PLATFORM=cpu the shims arrive with verl's Megatron engine import (``verl/workers/engine/__init__.py``
+    imports it whenever megatron-core is installed) and mbridge's with mbridge's (not with ``import verl``); they
+    rebind ``torch`` only inside megatron-core's modules, leave ``torch.cuda``/``Tensor.type`` alone, and re-applying
+    them changes nothing."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, VERL_PLATFORM="cpu", TORCHDYNAMO_DISABLE="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", _SHIM_PROBE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "OK []" in proc.stdout  # mbridge is not imported by `import verl` itself

@@ -1,5 +1,7 @@
 """Plugin loading: the ``verl.plugins`` entry point registers STAPO in a fresh Ray worker; with plugins disabled
-the self-check raises a clear error; cross-key validation runs inside verl's ``validate_config``."""
+the self-check raises a clear error; cross-key validation runs inside verl's ``validate_config``; with
+``loss_mode=stapo`` alone, verl's ``main_ppo.main`` / ``run_ppo`` ship a config with ``_target_`` filled to a Ray
+worker, which builds a ``StapoPolicyLossConfig`` from it."""
 
 import os
 import subprocess
@@ -104,11 +106,78 @@ def test_cross_key_validation_names_the_key():
                                     "actor_rollout_ref.actor.calculate_entropy=True"]))
 
 
-def test_missing_target_fails_in_verls_validate_config():
+def test_foreign_target_fails_in_verls_validate_config():
+    # loss_mode alone is filled in (tests/test_one_flag_on_cpu.py); a _target_ the user chose is never replaced.
     import verl.utils.config as vcfg
 
     assert getattr(vcfg.validate_config, "__stapo_wrapped__", False)
+    assert getattr(vcfg.validate_config, "__stapo_fill_target__", False)
     with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=stapo"])
+        cfg = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=stapo",
+                                                            "actor_rollout_ref.actor.policy_loss._target_="
+                                                            "verl.workers.config.CriticConfig"])
     with pytest.raises(StapoConfigError, match="_target_=stapo_verl.config.StapoPolicyLossConfig"):
         vcfg.validate_config(cfg, use_reference_policy=False, use_critic=False)
+
+
+# ------------------------------------------------ loss_mode alone: the config Ray ships to a worker
+
+
+def _probe_runner(out_path):
+    """A stand-in for verl's TaskRunner: in a Ray worker, build the actor config as ``init_model`` does."""
+
+    class ProbeRunner:
+        def run(self, config):
+            import json
+            import os as _os
+            from pathlib import Path as _Path
+
+            from verl.utils.config import omega_conf_to_dataclass
+
+            actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+            pl = actor.policy_loss
+            _Path(out_path).write_text(json.dumps({
+                "pid": _os.getpid(), "target": config.actor_rollout_ref.actor.policy_loss._target_,
+                "type": f"{type(pl).__module__}.{type(pl).__qualname__}", "loss_mode": pl.loss_mode,
+                "tau_p": getattr(pl, "tau_p", None), "entropy_quantile": getattr(pl, "entropy_quantile", None)}))
+
+    return ray.remote(num_cpus=0)(ProbeRunner)
+
+
+_ONE_FLAG = ["actor_rollout_ref.actor.policy_loss.loss_mode=stapo", "algorithm.adv_estimator=grpo",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"]
+
+
+def _read(out):
+    import json
+
+    return json.loads(out.read_text())
+
+
+def test_main_ppo_main_ships_the_filled_target_to_a_ray_worker(local_ray, monkeypatch, tmp_path):
+    import verl.trainer.main_ppo as main_ppo
+
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=_ONE_FLAG)
+    out = tmp_path / "probe.json"
+    monkeypatch.setattr(main_ppo, "TaskRunnerV1", _probe_runner(str(out)))
+    main_ppo.main(cfg)  # verl's own main body (hydra passes a given config through): validate_config → run_ppo
+    res = _read(out)
+    assert res["pid"] != os.getpid()
+    assert res["target"] == "stapo_verl.config.StapoPolicyLossConfig"
+    assert res["type"] == "stapo_verl.config.StapoPolicyLossConfig"
+    assert (res["loss_mode"], res["tau_p"], res["entropy_quantile"]) == ("stapo", 0.002, 0.75)
+
+
+def test_run_ppo_without_validate_config_still_fills(local_ray, tmp_path):
+    # verl's fully_async_main calls run_ppo without validate_config on the driver.
+    import verl.trainer.main_ppo as main_ppo
+
+    assert getattr(main_ppo.run_ppo, "__stapo_fill_target__", False)
+    with initialize_config_dir(config_dir=VERL_CONFIG_DIR, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=_ONE_FLAG)
+    out = tmp_path / "probe.json"
+    main_ppo.run_ppo(cfg, task_runner_class=_probe_runner(str(out)))
+    res = _read(out)
+    assert res["type"] == "stapo_verl.config.StapoPolicyLossConfig" and res["tau_p"] == 0.002

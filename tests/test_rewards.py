@@ -10,19 +10,24 @@ from pathlib import Path
 import pytest
 
 from stapo_verl.rewards import (
+    DAPO_FORMAT,
+    MATH_VERIFY,
+    STRICT_BOX,
     KillableRunner,
     UnknownDataSourceError,
     compute_score,
     extract_boxed_answer,
+    extract_final_answer,
     get_runner,
     score_math_verify,
     score_strict_box,
+    scorer_for,
 )
 from stapo_verl.rewards.dapo import _load_verl_math_dapo
 from stapo_verl.rewards.math_verify_scorer import answers_equivalent
 from stapo_verl.eval.scoring import score_many
 
-KEYS = {"score", "acc", "pred", "timeout", "no_box"}
+KEYS = {"score", "acc", "pred", "timeout", "no_box", "data_source"}
 #: Makes math_verify.verify evaluate a power tower: hangs for minutes (verl_notes D12, Math-Verify #65).
 HANG = "The answer is \\boxed{5^{5^{5^{5^{5}}}}}"
 PAD = "Reasoning. " * 30  # 330 characters of filler
@@ -148,11 +153,12 @@ def test_routing_and_uniform_keys():
         compute_score("gsm8k", "\\boxed{2,125}", "2125", extra_info={"split": "test"}, reward_router_address=None),
     ]
     assert all(set(o) == KEYS for o in outs)
+    assert [o["data_source"] for o in outs] == ["math_dapo", "DAPO-17k", "math500", "aime2026", "gsm8k"]
     assert [o["acc"] for o in outs] == [True, False, True, True, True]
     assert [o["score"] for o in outs] == [1.0, -1.0, 1.0, 1.0, 1.0]
     # The strict scorer does not accept what only math-verify accepts.
-    assert not compute_score("math_dapo", "\\boxed{\\frac12}", "0.5")["acc"]
-    assert compute_score("math_dapo", "\\boxed{\\frac12}", "0.5", scorer="math_verify")["acc"]
+    assert not compute_score("math_dapo", "\\boxed{\\frac{2}{4}}", "0.5")["acc"]
+    assert compute_score("math_dapo", "\\boxed{\\frac{2}{4}}", "0.5", scorer="math_verify")["acc"]
     with pytest.raises(UnknownDataSourceError, match=r"data_source='gpqa'.*allowed.*math500"):
         compute_score("gpqa", "\\boxed{1}", "1")
     with pytest.raises(UnknownDataSourceError, match="scorer='nope'"):
@@ -215,7 +221,7 @@ def test_compute_score_reports_timeout():
     t0 = time.perf_counter()
     out = compute_score("math500", HANG, "5", timeout_s=1.0)
     wall = time.perf_counter() - t0
-    assert out == {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": False}
+    assert out == {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": False, "data_source": "math500"}
     assert wall < 2.0 + 1.0  # 1 s timeout (+ at most one worker start, which is excluded from the budget)
     assert compute_score("math500", "\\boxed{5}", "5")["acc"]  # the pool recovered
 
@@ -286,7 +292,7 @@ def test_through_verl_reward_loop_manager(manager_name):
     manager = get_reward_manager_cls(manager_name)(cfg, CharTokenizer(), get_custom_reward_fn(cfg))
     outs = []
     for text, source, gt in [(PAD + "\\boxed{34}", "math_dapo", "34"), ("no box", "math_dapo", "34"),
-                             ("\\boxed{\\frac{1}{2}}", "math500", "0.5")]:
+                             ("\\boxed{\\frac{1}{2}}", "math500", "0.5"), (PAD + "\nAnswer: 34", "math_dapo", "34")]:
         ids = torch.tensor([ord(c) for c in text] + [0, 0])  # right padding, masked out below
         data = DataProto.from_dict(
             tensors={"prompts": torch.tensor([[1, 2]]), "responses": ids[None],
@@ -296,7 +302,115 @@ def test_through_verl_reward_loop_manager(manager_name):
                          "extra_info": np.array([{"index": 0}], dtype=object)},
         )
         outs.append(manager.loop.run_until_complete(manager.run_single(data)))
-    assert [o["reward_score"] for o in outs] == [1.0, -1.0, 1.0]
-    assert [o["reward_extra_info"]["acc"] for o in outs] == [True, False, True]
-    assert [o["reward_extra_info"]["no_box"] for o in outs] == [False, True, False]
+    assert [o["reward_score"] for o in outs] == [1.0, -1.0, 1.0, 1.0]
+    assert [o["reward_extra_info"]["acc"] for o in outs] == [True, False, True, True]
+    assert [o["reward_extra_info"]["no_box"] for o in outs] == [False, True, False, False]
     assert all(set(o["reward_extra_info"]) >= KEYS for o in outs)
+
+
+# ---------------------------------------------------------------- issue 9 item 5: equivalent notations
+
+STRICT_ROUTES = ["math_dapo", "dapo-math-17k"]  # DAPO's integer answers: the strict scorers
+
+
+@pytest.mark.parametrize("route", STRICT_ROUTES + ["math"])
+@pytest.mark.parametrize(
+    ("pred", "gold"),
+    [
+        ("\\dfrac{1}{2}", "\\frac{1}{2}"),
+        ("\\tfrac{1}{2}", "\\frac{1}{2}"),
+        ("\\tfrac12", "\\frac{1}{2}"),
+        ("20\\%", "20"),
+        ("5.0", "5"),
+        ("05", "5"),
+        ("5", "5.0"),
+    ],
+)
+def test_equivalent_notations_score_correct(route, pred, gold):
+    out = compute_score(route, PAD + f"so the answer is $\\boxed{{{pred}}}$.", gold, timeout_s=0)
+    assert out["score"] == 1.0 and out["acc"] is True, (route, pred, gold, out)
+
+
+@pytest.mark.parametrize("route", STRICT_ROUTES)
+@pytest.mark.parametrize(
+    "resp",
+    [
+        "\\boxed{5.1}",  # a different number
+        "\\boxed{50}",
+        "\\boxed{-5}",
+        "\\boxed{0.5}",
+        "\\boxed{2\\%}",
+        "\\boxed{\\frac{10}{2}}",  # equal value, not an equal string: only math-verify accepts this
+        "\\boxed{5} wait, the final answer is \\boxed{6}",  # the last box counts
+        "\\boxed{5}" + PAD,  # closed more than 300 characters before the end
+        "\\boxed{5} then \\boxed{5",  # truncated last box: no answer
+    ],
+)
+def test_strict_routes_stay_strict(route, resp):
+    out = compute_score(route, resp, "5", timeout_s=0)
+    assert out["score"] == -1.0 and out["acc"] is False, (route, resp, out)
+
+
+def test_math_routes_to_math_verify():
+    """Hendrycks MATH answers are LaTeX: ``math`` is scored by equivalence, not by the DAPO string match."""
+    assert scorer_for("math") == MATH_VERIFY and scorer_for("MATH") == MATH_VERIFY
+    assert scorer_for("math_dapo") == DAPO_FORMAT and scorer_for("dapo-math-17k") == STRICT_BOX
+    assert compute_score("math", "\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}")["acc"]
+    assert compute_score("math", "\\boxed{(1, 2]}", "(1,2]")["acc"]
+    assert not compute_score("math", "\\boxed{[1, 2]}", "(1,2]")["acc"]
+
+
+# ---------------------------------------------------------------- issue 9 item 6: DAPO's published answer line
+
+
+def test_dapo_answer_line_on_math_dapo_rows():
+    """The published DAPO-Math-17k prompt (``data_source=math_dapo``) asks for ``Answer: $Answer``."""
+    line = PAD + "\nAnswer: 42"
+    assert compute_score("math_dapo", line, "42") == {
+        "score": 1.0, "acc": True, "pred": "42", "timeout": False, "no_box": False, "data_source": "math_dapo"}
+    assert compute_score("math_dapo_reasoning", PAD + "\nanswer: $42$", "42")["acc"]
+    assert compute_score("math_dapo", PAD + "\nAnswer: 41", "42")["score"] == -1.0
+    assert compute_score("math_dapo", "\\boxed{41}\nAnswer: 42", "42")["acc"]  # the later final answer counts
+    assert not compute_score("math_dapo", "Answer: 42\nNo, \\boxed{41}", "42")["acc"]
+    assert compute_score("math_dapo", "Answer: \\boxed{42}", "42")["pred"] == "42"
+    late = compute_score("math_dapo", "Answer: 42\n" + PAD, "42")  # outside the 300-character tail, like a box
+    assert late["no_box"] and late["score"] == -1.0
+    assert extract_final_answer(PAD + "\\boxed{7}") == "7"  # the box alone still works (prepare's prompt)
+    # Box-only where the prompt never asks for the line: the SvS copy's name and the forced JustRL rule.
+    assert not compute_score("dapo-17k", line, "42")["acc"]
+    assert not compute_score("math_dapo", line, "42", scorer="strict_box")["acc"]
+
+
+# ---------------------------------------------------------------- issue 9 item 7: a fork server that dies
+
+
+def test_fork_server_dying_at_import_reports_exit_code_and_stderr(tmp_path, monkeypatch):
+    """``math_verify`` missing in the server's environment: the error says so at once, with the exit code."""
+    from stapo_verl.rewards.timeout import _Zygote
+
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "math_verify.py").write_text("raise ModuleNotFoundError(\"No module named 'math_verify' (test)\")\n")
+    monkeypatch.syspath_prepend(str(fake))  # the server's PYTHONPATH is built from our sys.path
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError) as info:
+        _Zygote(start_timeout_s=60.0)
+    message = str(info.value)
+    assert "exited before it was ready" in message and "exit code 1;" in message, message
+    assert "ModuleNotFoundError: No module named 'math_verify' (test)" in message, message
+    assert time.perf_counter() - t0 < 30.0  # not the 60 s start timeout
+
+
+def test_fork_server_hanging_at_import_is_killed_with_its_stderr(tmp_path, monkeypatch):
+    from stapo_verl.rewards.timeout import _Zygote
+
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "math_verify.py").write_text(
+        "import sys, time\nprint('fake math_verify: stuck', file=sys.stderr, flush=True)\ntime.sleep(120)\n")
+    monkeypatch.syspath_prepend(str(fake))
+    with pytest.raises(RuntimeError) as info:
+        _Zygote(start_timeout_s=3.0)
+    message = str(info.value)
+    assert "did not start within 3.0 s (killed), exit code -9;" in message, message
+    assert message.rstrip().endswith("fake math_verify: stuck"), message

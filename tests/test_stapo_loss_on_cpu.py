@@ -14,6 +14,7 @@ from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla, get_policy_
 from stapo_verl import state
 from stapo_verl.config import StapoConfigError, StapoPolicyLossConfig
 from stapo_verl.losses import StapoLossError
+from stapo_verl.state import KEEP_FIELD
 from stapo_verl.worker_hooks import apply_s2t_to_minibatch
 
 AGG_MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean"]
@@ -53,7 +54,9 @@ def _apply_mask(b, cfg):
     )
     td["loss_mask"] = td["response_mask"].clone()
     stats = apply_s2t_to_minibatch(td, cfg.policy_loss, None)
-    return td["response_mask"].bool(), stats
+    # K travels separately; the masks the KL/entropy terms and the engine's count read stay intact
+    assert torch.equal(td["response_mask"].bool(), b["rm"].bool()) and torch.equal(td["loss_mask"].bool(), b["rm"].bool())
+    return td[KEEP_FIELD].bool(), stats
 
 
 def test_closed_form_loss_value_and_gradient():
@@ -264,7 +267,8 @@ def test_nonfinite_log_prob_or_entropy_excluded_and_counted(bad):
     loss.backward()
     assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all()
     assert logp.grad[1, 0] == 0 and logp.grad[0, 0] == 0
-    assert m["actor/stapo/nonfinite_tokens"] == 2
+    # 2 non-finite old-policy values + 1 current-policy log-prob that turned non-finite in the forward
+    assert m["actor/stapo/nonfinite_tokens"] == 3
 
 
 def test_no_candidates_and_one_candidate():
@@ -348,3 +352,59 @@ def test_top_entropy_loss_closed_form(normalizer, denominator):
     expected[1, 0] = 2.0 / denominator
     torch.testing.assert_close(logp.grad, expected)
     assert m["actor/top_entropy/kept_frac"] == pytest.approx(3 / 6)
+
+
+def test_nonfinite_current_log_prob_is_counted_denominator_fixed_before_the_forward():
+    # Issue 9 item 9: 1×3 batch, p = 0.5, Â = 1, no candidates; the current log-prob of token 2 is −inf.
+    # The token is dropped from the numerator (zero gradient) and counted in nonfinite_tokens; the PG
+    # denominator is Σ K = 3, fixed before the forward (like the engine's count), so L = −(1 + 1) / 3.
+    old = torch.log(torch.full((1, 3), 0.5, dtype=torch.float64))
+    cfg = actor_config("stapo")
+    keep, stats = _apply_mask(dict(old=old, ent=torch.full((1, 3), 0.7, dtype=torch.float64),
+                                   adv=torch.ones(1, 3, dtype=torch.float64), rm=torch.ones(1, 3, dtype=torch.bool)),
+                              cfg)
+    assert stats.n_candidates == 0 and stats.n_nonfinite == 0 and keep.all()
+    logp = old.clone()
+    logp[0, 2] = float("-inf")
+    logp.requires_grad_(True)
+    _set_global(cfg, batch_num_tokens=3, global_batch_size=1)
+    state.MINIBATCH.start(stats)
+    try:
+        loss, m = _call("stapo", cfg, old_log_prob=old, log_prob=logp, advantages=torch.ones(1, 3, dtype=torch.float64),
+                        response_mask=keep)
+        assert state.MINIBATCH.nonfinite_current == 1
+    finally:
+        state.MINIBATCH.end()
+    assert loss.item() == pytest.approx(-2 / 3)
+    assert m["actor/stapo/nonfinite_tokens"] == 1.0
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 3, -1 / 3, 0.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("key,text,value", [("tau_p", "0.002", 0.002), ("entropy_quantile", " 0.5", 0.5),
+                                            ("top_entropy_ratio", "1e-1", 0.1), ("random_mask_seed", "7", 7),
+                                            ("dump_max_rows_per_step", "12", 12), ("clip_cov_ratio", "0.25", 0.25)])
+def test_quoted_numeric_values_are_coerced_exactly_at_construction(key, text, value):
+    # Issue 9 item 8: +...policy_loss.tau_p='0.002' reaches the dataclass as a string.
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = omega_conf_to_dataclass(OmegaConf.create({"_target_": "stapo_verl.config.StapoPolicyLossConfig",
+                                                    "loss_mode": "stapo", key: text}))
+    got = getattr(cfg, key)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("kw", [{"tau_p": True}, {"tau_p": "abc"}, {"tau_p": "nan"}, {"entropy_quantile": [0.5]},
+                                {"random_mask_seed": "1.5"}, {"random_mask_seed": 2.0}, {"random_mask_seed": True},
+                                {"dump_max_rows_per_step": "0"}, {"dump_tokens": "true"}, {"dump_dir": 3}])
+def test_bad_scalar_values_are_rejected_naming_the_key(kw):
+    (key,) = kw
+    with pytest.raises(StapoConfigError, match=rf"actor_rollout_ref\.actor\.policy_loss\.{key}="):
+        StapoPolicyLossConfig(loss_mode="stapo", **kw)
+
+
+def test_dump_needs_a_minibatch_route():
+    for kw in ({"stats_source": "current_micro_batch"}, {"loss_mode": "top_entropy"}):
+        with pytest.raises(StapoConfigError, match="dump_tokens=True"):
+            StapoPolicyLossConfig(**{"loss_mode": "stapo", "dump_tokens": True, **kw})

@@ -3,9 +3,13 @@
 #
 # One place for the paper's training setup (spec §6.1, verl_notes §9), the per-size deltas (TP/PP,
 # token budgets, offload; sized for 8 x 80 GB H100 per node, justified in docs/recipes.md), the
-# per-method deltas (STAPO, its ablations, GRPO, 20-Entropy, JustRL; spec §8-§9, A17/A18) and the
-# precision switch (PRECISION=bf16|fp8). Everything is a Hydra override of verl 0.9.1's ppo_trainer
-# config, so `--dry-run` validates exactly what `python -m verl.trainer.main_ppo` would receive.
+# per-method deltas (STAPO, its ablations, GRPO, 20-Entropy, JustRL; spec §8-§9, A17/A18), the engine
+# switch (ENGINE=megatron|fsdp) and the precision switch (PRECISION=bf16|fp8). Everything is a Hydra
+# override of verl 0.9.1's ppo_trainer config, so `--dry-run` validates exactly what
+# `python -m verl.trainer.main_ppo` would receive.
+#
+# The `tiny` size is the CPU run (recipes/tiny_cpu_*.sh): the same base and per-method deltas, plus the
+# CPU platform delta of recipes/common/cpu.sh (what cannot run on a CPU is listed there, once).
 #
 # Every default below can be changed with the environment variable of the same name; anything else
 # is changed with trailing Hydra overrides (they are appended last, so they win). A key that the base
@@ -13,9 +17,10 @@
 
 # ---------------------------------------------------------------------------------------------------
 # Allowed values (checked before anything runs, so a typo fails fast with the list).
-STAPO_SIZES=(1.7b 8b 14b)
+STAPO_SIZES=(tiny 1.7b 8b 14b)
 STAPO_METHODS=(stapo stapo_high_entropy stapo_random stapo_full_mask grpo top_entropy justrl)
 STAPO_PRECISIONS=(bf16 fp8)
+STAPO_ENGINES=(megatron fsdp)
 
 stapo_die() {
     echo "[stapo recipe] ERROR: $*" >&2
@@ -43,9 +48,53 @@ stapo_is_true() {
 #   LOGPROB_MAX_TOKEN_LEN token budget per GPU of the no-grad old/ref log-prob passes.
 #   OFFLOAD               1: Megatron params+grads and optimizer states leave the GPU during rollout.
 #   ROLLOUT_GPU_MEM_UTIL  vLLM's share of each GPU (weights + KV cache) while it is awake.
+# The tiny size also sets the paper-scale knobs of stapo_env_defaults (data, batch, steps, lr, n,
+# validation, tau_p) and may append size-only overrides to STAPO_SIZE_OVERRIDES.
 stapo_size_defaults() {
     local size=$1
+    STAPO_SIZE_OVERRIDES=()
     case $size in
+    tiny)
+        # >>> tiny size (tiny-learning helper)
+        # The CPU run: tiny Qwen3 and synthetic arithmetic from stapo_verl.cpu.make_assets
+        # (MODEL_PATH / TRAIN_FILES / VAL_FILES come from its assets.json, read in recipes/common/cpu.sh).
+        # Its warm start knows the answers (greedy validation accuracy ~1.0) but samples stray tokens at
+        # T = 1 (sampled accuracy ~0.55); RL removes most of them within ~10 steps (docs/cpu_backend.md).
+        : "${ACTOR_TP:=1}" "${ACTOR_PP:=1}" "${ACTOR_CP:=1}" "${ROLLOUT_TP:=1}"
+        : "${OFFLOAD:=0}" "${ROLLOUT_GPU_MEM_UTIL:=0.5}"
+        # 16 prompts x n = 8, one optimizer step per RL step, prompt <= 128 / response <= 40 tokens.
+        : "${TRAIN_BATCH_SIZE:=16}" "${PPO_MINI_BATCH_SIZE:=16}" "${ROLLOUT_N:=8}"
+        : "${MAX_PROMPT_LEN:=128}" "${MAX_RESPONSE_LEN:=40}"
+        # Dynamic-batch budgets: about 32 (train) / 64 (log-prob) full-length sequences a micro-batch.
+        : "${PPO_MAX_TOKEN_LEN:=5376}" "${LOGPROB_MAX_TOKEN_LEN:=10752}"
+        # 20 steps, validation before, at 10 and at 20; one checkpoint, at the end.
+        : "${TOTAL_STEPS:=20}" "${TEST_FREQ:=10}" "${SAVE_FREQ:=20}" "${VAL_BEFORE_TRAIN:=True}"
+        # lr 2e-4: at 4e-4 the fast removal of stray tokens also broke arithmetic the warm start knew
+        # (validation +2.6 to +15.9 points over 4 runs, by seed); 1e-3 collapsed (0.52 -> 0.19 in 5 steps).
+        : "${LR:=2e-4}" "${LR_WARMUP_STEPS:=0}"
+        # Validation sampled at the training temperature (the accuracy the RL objective moves), one sample
+        # per row of the 640 synthetic validation rows: independent samples, standard error <= 2.0 points.
+        : "${VAL_N:=1}" "${VAL_TEMPERATURE:=1.0}" "${VAL_TOP_P:=1.0}"
+        # tau_p = 0.1, not the paper's 0.002 (docs/cpu_backend.md): this 368-token policy is sharpened by
+        # RL within ~10 steps, after which about one positive-advantage token a step is below 0.002; at
+        # 0.1 STAPO also acts on the low-probability digits of answers that are still right.
+        : "${STAPO_TAU_P:=0.1}"
+        STAPO_SIZE_OVERRIDES+=(
+            data.seed=1
+            data.truncation=left
+            data.filter_overlong_prompts=False
+            actor_rollout_ref.rollout.calculate_log_probs=True
+            trainer.max_actor_ckpt_to_keep=2
+        )
+        # The silenced-token dump (stapo_verl/token_dump.py) is on for the S2T methods of the tiny run;
+        # `method` is stapo_build_overrides' local (bash scoping), STAPO_STATS_SOURCE the user's choice.
+        # STAPO_DUMP_TOKENS=0 turns it off.
+        if stapo_is_true "${STAPO_DUMP_TOKENS:-1}" && [[ ${method:-} == stapo* ]] &&
+            [[ ${STAPO_STATS_SOURCE:-old_policy} != current_micro_batch ]]; then
+            STAPO_SIZE_OVERRIDES+=(actor_rollout_ref.actor.policy_loss.dump_tokens=True)
+        fi
+        # <<< tiny size
+        ;;
     1.7b)
         : "${MODEL_PATH:=Qwen/Qwen3-1.7B-Base}"
         : "${ACTOR_TP:=1}" "${ACTOR_PP:=1}" "${ACTOR_CP:=1}" "${ROLLOUT_TP:=1}"
@@ -75,13 +124,27 @@ stapo_env_defaults() {
     # Slurm exports the node count; outside Slurm the default is one node.
     : "${NNODES:=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}}"
     : "${GPUS_PER_NODE:=8}"
+    : "${ENGINE:=megatron}"
     : "${DATA_DIR:=$HOME/data/stapo}"
     : "${CKPT_DIR:=$HOME/checkpoints}"
     : "${PRECISION:=bf16}"
     : "${PROJECT_NAME:=stapo}"
     : "${EXP_NAME:=qwen3-${size}-${method}-${PRECISION}}"
+    : "${CKPT_PATH:=$CKPT_DIR/$PROJECT_NAME/$EXP_NAME}"
+    # Data: DAPO-Math-17k, 256 prompts a step, 1k prompt / 15k response (spec §6.1, A13).
+    local d=$DATA_DIR
+    [[ -n ${TRAIN_FILES:-} ]] || TRAIN_FILES="'$d/dapo-math-17k.parquet'"
+    [[ -n ${VAL_FILES:-} ]] ||
+        VAL_FILES="['$d/aime24.parquet','$d/aime25.parquet','$d/amc23.parquet','$d/math500.parquet','$d/minerva.parquet','$d/olympiadbench.parquet']"
+    : "${TRAIN_BATCH_SIZE:=256}" "${PPO_MINI_BATCH_SIZE:=64}" "${ROLLOUT_N:=8}"
+    : "${MAX_PROMPT_LEN:=1024}" "${MAX_RESPONSE_LEN:=15360}"
+    : "${LR:=1e-6}" "${LR_WARMUP_STEPS:=10}"
     # Spec A13: the raw DAPO-Math-17k parquet is ~100x duplicated, so the length is set in steps.
     : "${TOTAL_STEPS:=3000}"
+    # verl's loop also stops at trainer.total_epochs (default 30: 30 x 67 = 2,010 steps on the
+    # deduplicated 17,188 rows). Every epoch has >= 1 step, so TOTAL_STEPS epochs never bind first;
+    # --dry-run checks total_epochs x floor(rows / train_batch_size) against the parquet's row count.
+    : "${TOTAL_EPOCHS:=$TOTAL_STEPS}"
     : "${TEST_FREQ:=20}"
     : "${SAVE_FREQ:=100}"
     : "${VAL_BEFORE_TRAIN:=True}"
@@ -99,49 +162,79 @@ stapo_env_defaults() {
     # on Hopper, token-level TIS with C=2 next to FP8 rollout.
     : "${FP8_FORMAT:=hybrid}" "${FP8_RECIPE:=blockwise}" "${TIS_THRESHOLD:=2.0}"
     : "${DIST_CKPT_PATH:=}"
-    # The project's .venv (scripts/setup_env.sh) when present, else the image's / cluster's python3.
-    local repo_root
-    repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-    if [ -z "${PYTHON:-}" ] && [ -x "$repo_root/.venv/bin/python" ]; then PYTHON="$repo_root/.venv/bin/python"; fi
-    : "${PYTHON:=python3}"
+    # Stop tokens: vLLM stops at the eos ids of the generation config it loads. Qwen3 base models list
+    # only <|endoftext|> there while their chat template ends a turn with <|im_end|>, so the recipe
+    # points vLLM's `generation_config` engine arg at a copy that lists both (stapo_verl/stop_tokens.py
+    # writes it at launch, from the model's own tokenizer/generation config). STOP_AT_END_OF_TURN=0:
+    # use the model's generation config as is.
+    : "${STOP_AT_END_OF_TURN:=1}" "${GEN_CONFIG_DIR:=$CKPT_PATH/generation_config}"
     stapo_in_list "$PRECISION" "${STAPO_PRECISIONS[@]}" ||
         stapo_die "PRECISION='$PRECISION' (allowed: ${STAPO_PRECISIONS[*]})"
+    stapo_in_list "$ENGINE" "${STAPO_ENGINES[@]}" || stapo_die "ENGINE='$ENGINE' (allowed: ${STAPO_ENGINES[*]})"
+    if [[ $ENGINE == fsdp && $size != tiny ]]; then
+        stapo_die "ENGINE=fsdp is only set up for the tiny CPU size; size '$size' is sized for Megatron (docs/recipes.md §3)"
+    fi
+    stapo_python
+}
+
+# ---------------------------------------------------------------------------------------------------
+# The interpreter: one variable, STAPO_VENV (as scripts/setup_env.sh). Unset: the checkout's .venv when
+# present, else the image's / cluster's python3. Sets PY.
+stapo_python() {
+    local repo_root
+    repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+    if [[ -n ${STAPO_VENV:-} ]]; then
+        [[ -x $STAPO_VENV/bin/python ]] ||
+            stapo_die "STAPO_VENV='$STAPO_VENV' has no bin/python (create it with: STAPO_VENV='$STAPO_VENV' bash scripts/setup_env.sh)"
+        PY="$STAPO_VENV/bin/python"
+    elif [[ -x $repo_root/.venv/bin/python ]]; then
+        PY="$repo_root/.venv/bin/python"
+    else
+        PY=python3
+    fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Settings the driver's environment holds for the Ray workers. verl's ray.init(runtime_env=...) applies
+# to every task and actor of the job, also on a cluster started earlier by `ray start` (whose raylets
+# never saw this shell's environment). Forwarded only when set, so the worker-side defaults apply
+# otherwise (stapo_verl/rewards/timeout.py).
+STAPO_FORWARDED_ENV=(STAPO_REWARD_TIMEOUT_S STAPO_REWARD_WORKERS)
+stapo_forward_env() {
+    local v
+    for v in "${STAPO_FORWARDED_ENV[@]}"; do
+        if [[ -n ${!v:-} ]]; then
+            STAPO_OVERRIDES+=("+ray_kwargs.ray_init.runtime_env.env_vars.$v='${!v}'")
+        fi
+    done
 }
 
 # ---------------------------------------------------------------------------------------------------
 # The paper's setup (spec §6.1 / verl_notes §9). Appends to the global array STAPO_OVERRIDES.
 stapo_base_overrides() {
-    local d=$DATA_DIR
-    local val="['$d/aime24.parquet','$d/aime25.parquet','$d/amc23.parquet','$d/math500.parquet','$d/minerva.parquet','$d/olympiadbench.parquet']"
-    local offload=False
-    stapo_is_true "$OFFLOAD" && offload=True
     STAPO_OVERRIDES+=(
-        # Megatron engine through verl's defaults list (ppo_megatron_trainer.yaml is deprecated).
-        model_engine=megatron
         # GRPO advantage, G = 8, no KL anywhere, no entropy bonus (spec §3.2, D19).
         algorithm.adv_estimator=grpo
         algorithm.norm_adv_by_std_in_grpo=True
         algorithm.use_kl_in_reward=False
-        # Data: DAPO-Math-17k, 256 prompts a step, 1k prompt / 15k response (spec §6.1, A13).
-        "data.train_files='$d/dapo-math-17k.parquet'"
-        "data.val_files=$val"
-        data.train_batch_size=256
-        data.max_prompt_length=1024
-        data.max_response_length=15360
+        # Data (DAPO-Math-17k and the six benchmarks on the GPU sizes).
+        "data.train_files=$TRAIN_FILES"
+        "data.val_files=$VAL_FILES"
+        "data.train_batch_size=$TRAIN_BATCH_SIZE"
+        "data.max_prompt_length=$MAX_PROMPT_LEN"
+        "data.max_response_length=$MAX_RESPONSE_LEN"
         data.filter_overlong_prompts=True
         data.truncation=error
         data.shuffle=True
-        # Model: HF weights loaded by Megatron-Bridge (use_mbridge, no manual conversion).
         "actor_rollout_ref.model.path='$MODEL_PATH'"
         actor_rollout_ref.model.use_remove_padding=True
         # Optimizer: AdamW, lr 1e-6 constant after 10 warm-up steps, wd 0.1, clip 1.0 (spec §6.1, A12).
-        actor_rollout_ref.actor.optim.lr=1e-6
-        actor_rollout_ref.actor.optim.lr_warmup_steps=10
-        actor_rollout_ref.actor.optim.lr_decay_style=constant
+        "actor_rollout_ref.actor.optim.lr=$LR"
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=$LR_WARMUP_STEPS"
         actor_rollout_ref.actor.optim.weight_decay=0.1
         actor_rollout_ref.actor.optim.clip_grad=1.0
         # Batches: mini-batch 64 prompts (4 optimizer steps a rollout batch), 1 epoch, dynamic bsz.
-        actor_rollout_ref.actor.ppo_mini_batch_size=64
+        "actor_rollout_ref.actor.ppo_mini_batch_size=$PPO_MINI_BATCH_SIZE"
         actor_rollout_ref.actor.ppo_epochs=1
         actor_rollout_ref.actor.use_dynamic_bsz=True
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$PPO_MAX_TOKEN_LEN"
@@ -152,24 +245,10 @@ stapo_base_overrides() {
         actor_rollout_ref.actor.loss_agg_mode=token-mean
         actor_rollout_ref.actor.entropy_coeff=0
         actor_rollout_ref.actor.use_kl_loss=False
-        # Megatron parallelism and memory (docs/recipes.md §3).
-        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=$ACTOR_TP"
-        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=$ACTOR_PP"
-        "actor_rollout_ref.actor.megatron.context_parallel_size=$ACTOR_CP"
-        actor_rollout_ref.actor.megatron.use_mbridge=True
-        actor_rollout_ref.actor.megatron.vanilla_mbridge=False
-        actor_rollout_ref.actor.megatron.use_distributed_optimizer=True
-        actor_rollout_ref.actor.megatron.dtype=bfloat16
-        "actor_rollout_ref.actor.megatron.param_offload=$offload"
-        "actor_rollout_ref.actor.megatron.optimizer_offload=$offload"
-        # Full recompute: without it the activations at a 32k-token budget alone exceed 80 GB.
-        actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
-        actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
-        actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
         # vLLM rollout, async server mode, n = 8, T = 1.0, top-p 1.0 (spec §6.1).
         actor_rollout_ref.rollout.name=vllm
         actor_rollout_ref.rollout.mode=async
-        actor_rollout_ref.rollout.n=8
+        "actor_rollout_ref.rollout.n=$ROLLOUT_N"
         actor_rollout_ref.rollout.temperature=1.0
         actor_rollout_ref.rollout.top_p=1.0
         actor_rollout_ref.rollout.top_k=-1
@@ -186,43 +265,98 @@ stapo_base_overrides() {
         reward.reward_manager.name=dapo
         reward.custom_reward_function.path=pkg://stapo_verl.rewards
         reward.custom_reward_function.name=compute_score
-        # Trainer.
+        # Trainer: the run trains TOTAL_STEPS steps (see TOTAL_EPOCHS above).
         "trainer.nnodes=$NNODES"
         "trainer.n_gpus_per_node=$GPUS_PER_NODE"
         "trainer.project_name=$PROJECT_NAME"
         "trainer.experiment_name=$EXP_NAME"
         "trainer.logger=$LOGGER"
         "trainer.total_training_steps=$TOTAL_STEPS"
+        "trainer.total_epochs=$TOTAL_EPOCHS"
         "trainer.test_freq=$TEST_FREQ"
         "trainer.save_freq=$SAVE_FREQ"
         "trainer.val_before_train=$VAL_BEFORE_TRAIN"
-        "trainer.default_local_dir='$CKPT_DIR/$PROJECT_NAME/$EXP_NAME'"
+        "trainer.default_local_dir='$CKPT_PATH'"
+        trainer.resume_mode=auto
         trainer.critic_warmup=0
     )
-    if [[ -n $DIST_CKPT_PATH ]]; then
-        # Pre-converted Megatron dist checkpoint (verl scripts/converter_hf_to_mcore.py); model.path is
-        # still needed for the HF config and tokenizer.
-        STAPO_OVERRIDES+=(
-            actor_rollout_ref.actor.megatron.use_dist_checkpointing=True
-            "actor_rollout_ref.actor.megatron.dist_checkpointing_path='$DIST_CKPT_PATH'"
-        )
+    if stapo_is_true "$STOP_AT_END_OF_TURN"; then
+        # vLLM's --generation-config <folder> (verl passes engine_kwargs.vllm through to `vllm serve`);
+        # the CPU rollout server reads the same key. The folder must be readable on every node.
+        STAPO_OVERRIDES+=("+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config='$GEN_CONFIG_DIR'")
     fi
+    stapo_engine_overrides
+    stapo_forward_env
 }
 
 # ---------------------------------------------------------------------------------------------------
-# Per-method deltas on top of the base (JustRL = base; STAPO = JustRL + S2T; spec §9, §10).
+# Engine deltas (ENGINE=megatron on every GPU size; the tiny CPU size defaults to fsdp).
+stapo_engine_overrides() {
+    local offload=False
+    stapo_is_true "$OFFLOAD" && offload=True
+    case $ENGINE in
+    megatron)
+        STAPO_OVERRIDES+=(
+            # Megatron engine through verl's defaults list (ppo_megatron_trainer.yaml is deprecated).
+            model_engine=megatron
+            actor_rollout_ref.actor.optim.lr_decay_style=constant
+            # Megatron parallelism and memory (docs/recipes.md §3).
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=$ACTOR_TP"
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=$ACTOR_PP"
+            "actor_rollout_ref.actor.megatron.context_parallel_size=$ACTOR_CP"
+            # HF weights loaded by Megatron-Bridge (use_mbridge, no manual conversion).
+            actor_rollout_ref.actor.megatron.use_mbridge=True
+            actor_rollout_ref.actor.megatron.vanilla_mbridge=False
+            actor_rollout_ref.actor.megatron.use_distributed_optimizer=True
+            actor_rollout_ref.actor.megatron.dtype=bfloat16
+            "actor_rollout_ref.actor.megatron.param_offload=$offload"
+            "actor_rollout_ref.actor.megatron.optimizer_offload=$offload"
+            # Full recompute: without it the activations at a 32k-token budget alone exceed 80 GB.
+            actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularity=full
+            actor_rollout_ref.actor.megatron.override_transformer_config.recompute_method=uniform
+            actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
+        )
+        if [[ -n $DIST_CKPT_PATH ]]; then
+            # Pre-converted Megatron dist checkpoint (verl scripts/converter_hf_to_mcore.py); model.path
+            # is still needed for the HF config and tokenizer.
+            STAPO_OVERRIDES+=(
+                actor_rollout_ref.actor.megatron.use_dist_checkpointing=True
+                "actor_rollout_ref.actor.megatron.dist_checkpointing_path='$DIST_CKPT_PATH'"
+            )
+        fi
+        ;;
+    fsdp)
+        STAPO_OVERRIDES+=(
+            # verl's default engine (model_engine=dp), FSDP2.
+            model_engine=dp
+            actor_rollout_ref.actor.strategy=fsdp2
+            actor_rollout_ref.actor.optim.lr_scheduler_type=constant
+            "actor_rollout_ref.actor.fsdp_config.param_offload=$offload"
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=$offload"
+        )
+        ;;
+    esac
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Per-method deltas on top of the base (JustRL = base; STAPO = JustRL + S2T; spec §9, §10). Shared by
+# every size, tiny included.
 stapo_method_overrides() {
     local method=$1
-    local stapo_cfg=(
-        actor_rollout_ref.actor.policy_loss._target_=stapo_verl.config.StapoPolicyLossConfig
-        "actor_rollout_ref.actor.policy_loss.loss_mode=$method"
-        "+actor_rollout_ref.actor.policy_loss.tau_p=$STAPO_TAU_P"
-        "+actor_rollout_ref.actor.policy_loss.entropy_quantile=$STAPO_Q"
-        "+actor_rollout_ref.actor.policy_loss.stats_source=$STAPO_STATS_SOURCE"
-    )
+    local model_engine=dp
+    [[ $ENGINE == megatron ]] && model_engine=megatron
+    # The plugin's config-group option: the engine's actor defaults + StapoPolicyLossConfig with the
+    # STAPO keys declared, so they are set without `+` (stapo_verl/config_store.py).
+    local stapo_actor="actor@actor_rollout_ref.actor=stapo_${model_engine}_actor"
     case $method in
     stapo | stapo_high_entropy | stapo_random | stapo_full_mask)
-        STAPO_OVERRIDES+=("${stapo_cfg[@]}")
+        STAPO_OVERRIDES+=(
+            "$stapo_actor"
+            "actor_rollout_ref.actor.policy_loss.loss_mode=$method"
+            "actor_rollout_ref.actor.policy_loss.tau_p=$STAPO_TAU_P"
+            "actor_rollout_ref.actor.policy_loss.entropy_quantile=$STAPO_Q"
+            "actor_rollout_ref.actor.policy_loss.stats_source=$STAPO_STATS_SOURCE"
+        )
         # The current-policy route reads entropy from the training forward (verl_notes §0.2).
         if [[ $STAPO_STATS_SOURCE == current_micro_batch ]]; then
             STAPO_OVERRIDES+=(actor_rollout_ref.actor.calculate_entropy=True)
@@ -244,7 +378,7 @@ stapo_method_overrides() {
             actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
             "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=$LOGPROB_MAX_TOKEN_LEN"
         )
-        if [[ -n $DIST_CKPT_PATH ]]; then
+        if [[ -n $DIST_CKPT_PATH && $ENGINE == megatron ]]; then
             STAPO_OVERRIDES+=(
                 actor_rollout_ref.ref.megatron.use_dist_checkpointing=True
                 "actor_rollout_ref.ref.megatron.dist_checkpointing_path='$DIST_CKPT_PATH'"
@@ -254,10 +388,10 @@ stapo_method_overrides() {
     top_entropy)
         # 20-Entropy (spec §9.2, A18): keep the top 20 % tokens by current-policy entropy.
         STAPO_OVERRIDES+=(
-            actor_rollout_ref.actor.policy_loss._target_=stapo_verl.config.StapoPolicyLossConfig
+            "$stapo_actor"
             actor_rollout_ref.actor.policy_loss.loss_mode=top_entropy
-            "+actor_rollout_ref.actor.policy_loss.top_entropy_ratio=$TOP_ENTROPY_RATIO"
-            "+actor_rollout_ref.actor.policy_loss.top_entropy_normalizer=$TOP_ENTROPY_NORMALIZER"
+            "actor_rollout_ref.actor.policy_loss.top_entropy_ratio=$TOP_ENTROPY_RATIO"
+            "actor_rollout_ref.actor.policy_loss.top_entropy_normalizer=$TOP_ENTROPY_NORMALIZER"
             actor_rollout_ref.actor.calculate_entropy=True
         )
         ;;
@@ -296,8 +430,11 @@ stapo_build_overrides() {
         stapo_die "unknown method '$method' (allowed: ${STAPO_METHODS[*]})"
     stapo_size_defaults "$size"
     stapo_env_defaults "$size" "$method"
+    [[ -n ${MODEL_PATH:-} ]] || stapo_die "MODEL_PATH is empty (size '$size' sets no default)"
     STAPO_OVERRIDES=()
     stapo_base_overrides
+    # Size-only overrides (the tiny block) after the base, before the method: methods still win.
+    STAPO_OVERRIDES+=(${STAPO_SIZE_OVERRIDES[@]+"${STAPO_SIZE_OVERRIDES[@]}"})
     stapo_method_overrides "$method"
     stapo_precision_overrides
 }
@@ -313,4 +450,13 @@ stapo_check_ray() {
 --address=<head>:6379' on the others, then export RAY_ADDRESS=<head>:6379 (see docs/recipes.md §5 or \
 recipes/slurm/qwen3_8b_stapo.sbatch)"
     fi
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Write the stop-token generation config that engine_kwargs.vllm.generation_config points at (training
+# only; --dry-run shows what it would hold). The ids come from the model's own files.
+stapo_write_generation_config() {
+    stapo_is_true "$STOP_AT_END_OF_TURN" || return 0
+    "$PY" -m stapo_verl.stop_tokens --model "$MODEL_PATH" --out "$GEN_CONFIG_DIR" >&2 ||
+        stapo_die "could not write the stop-token generation config for MODEL_PATH='$MODEL_PATH' into '$GEN_CONFIG_DIR' (STOP_AT_END_OF_TURN=0 skips it)"
 }

@@ -1,4 +1,5 @@
-"""CPU backend for verl 0.9.1: platform, engine registration, HF-transformers rollout, tiny assets.
+"""CPU backend for verl 0.9.1: platform, engine registration, HF-transformers rollout, tiny assets, and the
+megatron-core/mbridge shims for verl's Megatron engine (:mod:`stapo_verl.cpu.megatron`, applied on import).
 
 Loaded by :mod:`stapo_verl.plugin` only when ``VERL_PLATFORM=cpu``; :func:`register` runs in every process
 (driver, TaskRunner, Ray workers) at ``import verl`` time, before verl's FSDP engine module is imported.
@@ -76,6 +77,35 @@ def _register_rollout() -> None:
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_cpu_replica)
 
 
+def _patch_fsdp2_offload_pin_memory() -> None:
+    """Build verl's FSDP2 ``CPUOffloadPolicy`` with ``pin_memory=False`` (forward-only engines: ref model).
+
+    ``verl/workers/engine/fsdp/transformer_impl.py:462`` constructs ``CPUOffloadPolicy(pin_memory=True)`` for
+    every forward-only FSDP2 engine; pinning needs a CUDA build and fails on CPU-only torch. That line is the
+    only construction site in the module, and ``verl.utils.fsdp_utils`` keeps the real class for its type
+    checks, so only the module-level name is replaced. Idempotent.
+    """
+    import verl.workers.engine.fsdp.transformer_impl as ti
+
+    if getattr(ti.CPUOffloadPolicy, "_stapo_cpu_patched", False):
+        return
+    orig = ti.CPUOffloadPolicy
+
+    def cpu_offload_policy(pin_memory: bool = True, **kwargs):
+        return orig(pin_memory=False, **kwargs)
+
+    cpu_offload_policy._stapo_cpu_patched = True
+    ti.CPUOffloadPolicy = cpu_offload_policy
+
+
+def _install_megatron_hooks() -> None:
+    """CPU shims for verl's Megatron engine (:mod:`stapo_verl.cpu.megatron`), applied by a post-import hook when
+    verl imports ``verl.workers.engine.megatron`` / ``mbridge``; megatron-core is never imported from here."""
+    from stapo_verl.cpu.megatron import install_hooks
+
+    install_hooks()
+
+
 def register() -> None:
     """Install the CPU backend in this process (idempotent).
 
@@ -96,7 +126,9 @@ def register() -> None:
     PlatformRegistry.register(platform="cpu")(PlatformCPU)
     _patch_process_group_backend()
     _register_engines()
+    _patch_fsdp2_offload_pin_memory()
     _register_rollout()
+    _install_megatron_hooks()
     from verl.utils.device import get_device_name
 
     if get_device_name() != "cpu":

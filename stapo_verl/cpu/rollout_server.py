@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 import torch
 
+from stapo_verl.stop_tokens import effective_stop_ids
+
 logger = logging.getLogger(__name__)
 
 
@@ -81,6 +83,18 @@ class SamplingSettings:
     def greedy(self) -> bool:
         """True when ``temperature == 0`` (argmax decoding, as verl's ``val_kwargs`` default)."""
         return self.temperature == 0.0
+
+
+def generation_config_setting(config: Any) -> Optional[str]:
+    """``rollout.engine_kwargs.vllm.generation_config`` of a rollout config (None when unset).
+
+    The CPU server stands in for verl's vLLM server, so it honours the vLLM engine argument that selects the
+    generation config (and with it the stop ids): ``auto`` (the model's), ``vllm`` (none) or a folder.
+    """
+    engine_kwargs = _cfg_get(config, "engine_kwargs", None) or {}
+    vllm_kwargs = _cfg_get(engine_kwargs, "vllm", None) or {}
+    value = _cfg_get(vllm_kwargs, "generation_config", None)
+    return None if value is None else str(value)
 
 
 def process_logits(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
@@ -248,6 +262,8 @@ class CPURolloutServer:
         self.node_rank = int(node_rank)
         self.global_steps = 0  # an int from the start: the trainer casts it with np.array(dtype=int)
         self.generator: Optional[HFGenerator] = None
+        self.generation_config: Optional[str] = None  # engine_kwargs.vllm.generation_config, set at launch
+        self.stop_token_ids: list[int] = []  # ids generation stops at, set at launch
         self._lock = threading.Lock()
         self._pending: list[tuple[list[int], int, SamplingSettings, asyncio.Future]] = []
         self._batch_task: Optional[asyncio.Task] = None
@@ -256,7 +272,13 @@ class CPURolloutServer:
 
     # ------------------------------------------------------------------ lifecycle
     async def launch_server(self, **_kwargs) -> None:
-        """Load the model and tokenizer from ``model_config.path`` (idempotent)."""
+        """Load the model and tokenizer from ``model_config.path`` and fix the stop ids (idempotent).
+
+        Raises:
+            ValueError: no model path, or no stop id at all.
+            FileNotFoundError: ``engine_kwargs.vllm.generation_config`` names a folder without
+                ``generation_config.json`` (:func:`stapo_verl.stop_tokens.effective_stop_ids`).
+        """
         if self.generator is not None:
             return
         from transformers import AutoTokenizer
@@ -269,14 +291,14 @@ class CPURolloutServer:
             torch.set_num_threads(threads)
         model = load_hf_model(path, _cfg_get(self.config, "dtype", "float32"))
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        eos = set()
-        for e in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-            if isinstance(e, int):
-                eos.add(e)
-            elif e:
-                eos.update(int(x) for x in e)
+        # Stop ids as vLLM derives them: the tokenizer's EOS + eos_token_id of the generation config chosen by
+        # vLLM's `generation_config` engine argument, read from the same key verl passes to `vllm serve`.
+        self.generation_config = generation_config_setting(self.config)
+        eos = set(effective_stop_ids(path, self.generation_config, tokenizer=tok))
         if not eos:
-            raise ValueError(f"CPU rollout: tokenizer at {path} defines no eos_token_id")
+            raise ValueError(f"CPU rollout: tokenizer at {path} defines no eos_token_id and the generation config "
+                             f"({self.generation_config or 'auto'}) no eos_token_id")
+        self.stop_token_ids = sorted(eos)
         pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
         seed = int(_cfg_get(self.config, "seed", 0) or 0) + 1000 * self.replica_rank
         self.generator = HFGenerator(model, sorted(eos), pad, seed=seed)

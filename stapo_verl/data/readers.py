@@ -8,7 +8,7 @@ JSONL is read line by line with :mod:`json` so that errors name the exact row an
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stapo_verl.data.errors import DataPrepError
@@ -37,6 +37,32 @@ def resolve_source(src: str, candidates: tuple[str, ...]) -> str:
     raise DataPrepError(f"--src {src!r} is neither an existing file/directory nor a HF id 'owner/name'", file=src)
 
 
+def iter_jsonl(path: str | Path, make_error: Callable[[str, int], Exception]) -> Iterator[tuple[int, dict]]:
+    """Yield ``(row, object)`` for every non-blank line of a JSONL file; ``row`` is 0-based (line number − 1).
+
+    Shared by the dataset readers (:func:`iter_records`) and the generation records
+    (:func:`stapo_verl.eval.records.read_records`), which differ only in the error type they raise.
+
+    Args:
+        path: the JSONL file.
+        make_error: ``(message, row) -> exception`` raised for a malformed line or a line that is not an object.
+
+    Raises:
+        OSError: the file cannot be opened; whatever ``make_error`` returns, for bad lines.
+    """
+    with Path(path).open(encoding="utf-8") as fh:
+        for i, line in enumerate(fh):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise make_error(f"malformed JSON line: {exc}", i) from exc
+            if not isinstance(rec, dict):
+                raise make_error(f"expected a JSON object, got {type(rec).__name__}", i)
+            yield i, rec
+
+
 def iter_records(source: str, hf_split: str = "train") -> Iterator[tuple[int, dict]]:
     """Yield ``(row_index, record)`` from a file or HF id.
 
@@ -60,17 +86,7 @@ def iter_records(source: str, hf_split: str = "train") -> Iterator[tuple[int, di
         return
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        with path.open(encoding="utf-8") as fh:
-            for i, line in enumerate(fh):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataPrepError(f"malformed JSON line: {exc}", file=source, row=i) from exc
-                if not isinstance(rec, dict):
-                    raise DataPrepError(f"expected a JSON object, got {type(rec).__name__}", file=source, row=i)
-                yield i, rec
+        yield from iter_jsonl(path, lambda message, row: DataPrepError(message, file=source, row=row))
     elif suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, list):

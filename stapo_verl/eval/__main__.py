@@ -2,7 +2,8 @@
 
 Scores every generation record (:mod:`stapo_verl.eval.records`) with :func:`stapo_verl.rewards.compute_score`
 (rule-based, hard timeouts; spec A16), then writes ``<out>/table.md``, ``table.csv``, ``table_pass.csv``,
-``summary.json`` and ``<out>/<NAME>.scored.jsonl``. The first run is the baseline of the relative gain.
+``summary.json`` and ``<out>/<NAME>.scored.jsonl``. The first run is the baseline of the relative gain. Problems with
+fewer than k samples are listed under the tables (and printed); a repeated sample is an error (exit code 2).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from stapo_verl.eval.records import RecordError, read_records
 from stapo_verl.eval.scoring import score_many
-from stapo_verl.eval.table import build_table, summarize_run, to_markdown, write_tables
+from stapo_verl.eval.table import build_table, short_problem_notes, summarize_run, to_markdown, write_tables
 
 
 def parse_runs(specs: list[str]) -> dict[str, str]:
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summaries, indent=2), encoding="utf-8")
     write_tables(summaries, out)
     print(to_markdown(*build_table(summaries)))
+    for line in short_problem_notes(summaries):
+        print(f"note: {line}")
     return 0
 
 

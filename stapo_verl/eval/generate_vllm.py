@@ -5,8 +5,11 @@ decoding settings — training-aligned T = 1.0 / top-p 1.0 (main table) and Just
 setting: ``<out>/<tag>.jsonl`` with tags ``t1.0_p1.0`` and ``t0.7_p0.9``.
 
 The chat template is applied with a generation prompt (spec A14), the same way verl's ``RLHFDataset`` renders the
-``prompt`` column during training. vLLM and transformers are imported inside :func:`main` only, so argument
-parsing and the record builder are importable and tested without a GPU.
+``prompt`` column during training. Generation stops at the model's EOS *and* at its chat template's end-of-turn token
+(Qwen3 base models: ``<|endoftext|>`` and ``<|im_end|>``), both read from the checkpoint's own files by
+:mod:`stapo_verl.stop_tokens` — the same ids the training recipes give verl's vLLM server. vLLM and transformers
+are imported inside :func:`main` only, so argument parsing and the record builder are importable and tested without
+a GPU.
 
 Example::
 
@@ -23,6 +26,8 @@ from pathlib import Path
 
 from stapo_verl.eval.metrics import K_BY_BENCHMARK
 from stapo_verl.eval.records import write_records
+from stapo_verl.stop_tokens import StopTokens
+from stapo_verl.stop_tokens import resolve as resolve_stop_tokens
 
 #: (temperature, top_p) pairs of spec §6.2.
 DECODING_SETTINGS = ((1.0, 1.0), (0.7, 0.9))
@@ -50,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-problems", type=int, default=None, help="smoke tests: first N problems per parquet")
     return p
+
+
+def sampling_stop_kwargs(stop: StopTokens) -> dict:
+    """vLLM ``SamplingParams`` keyword arguments that stop at every id of ``stop`` (EOS and end of turn).
+
+    ``stop_token_ids`` is added to the ids vLLM already takes from the tokenizer and the generation config.
+    """
+    return {"stop_token_ids": list(stop.ids)}
 
 
 def make_records(rows: Sequence[dict], outputs: Sequence[Sequence[str]], tag: str, parquet: str) -> Iterator[dict]:
@@ -90,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs vLLM
     llm = LLM(model=args.model, tensor_parallel_size=args.tp, max_model_len=args.max_model_len,
               gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed)
     tokenizer = llm.get_tokenizer()
+    stop = resolve_stop_tokens(args.model)
+    print(f"stop at {stop.describe()}")
     datasets = []
     for path in args.data:
         rows = pq.read_table(path).to_pylist()[: args.max_problems]
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - needs vLLM
         for path, rows, prompts in datasets:
             n = args.n or K_BY_BENCHMARK.get(rows[0]["extra_info"]["benchmark"], 4)
             params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=args.max_new_tokens,
-                                    seed=args.seed)
+                                    seed=args.seed, **sampling_stop_kwargs(stop))
             outs = llm.generate(prompts, params)
             records.extend(make_records(rows, [[o.text for o in out.outputs] for out in outs], tag, path))
         n_written = write_records(records, Path(args.out) / f"{tag}.jsonl")

@@ -11,46 +11,78 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from stapo_verl.eval.metrics import K_BY_BENCHMARK, SIX_BENCHMARKS, avg_at_k, mean_pass_at_k
+from stapo_verl.eval.metrics import K_BY_BENCHMARK, SIX_BENCHMARKS, avg_at_k, pass_at_k
 
 
 def summarize_run(scored: Iterable[dict], k_by_benchmark: Mapping[str, int] = K_BY_BENCHMARK) -> dict[str, dict]:
     """Aggregate scored records of one run into per-benchmark metrics.
+
+    Every problem uses its own sample count n: avg@k is the mean of its n ≤ k samples, and pass@k uses
+    ``pass_at_k(n, c, min(k, n))`` (a problem with fewer than k samples cannot give pass@k; it gives pass@n and is
+    listed in ``short_problem_n``, which :func:`short_problem_notes` turns into the table's note).
 
     Args:
         scored: records with ``benchmark``, ``problem_id``, ``sample_index`` and ``acc`` (bool); ``timeout`` optional.
         k_by_benchmark: samples per problem; only samples with ``sample_index < k`` are used.
 
     Returns:
-        ``{benchmark: {"avg@k", "pass@k", "k", "problems", "samples", "timeouts", "short_problems"}}`` with
-        metrics as fractions; ``short_problems`` counts problems with fewer than k samples (their pass@k uses
-        ``min(k, n)``).
+        ``{benchmark: {"avg@k", "pass@k", "k", "problems", "samples", "timeouts", "short_problems",
+        "short_problem_n"}}`` with metrics as fractions; ``short_problems`` counts the problems with n < k and
+        ``short_problem_n`` maps their ``problem_id`` to n.
+
+    Raises:
+        ValueError: a repeated ``(benchmark, problem_id, sample_index)`` (read files with
+            :func:`stapo_verl.eval.records.read_records`, whose error also names the file and line).
     """
     grouped: dict[str, dict[str, dict[int, bool]]] = defaultdict(lambda: defaultdict(dict))
     timeouts: dict[str, int] = defaultdict(int)
     for r in scored:
-        bench = r["benchmark"]
+        bench, pid, index = str(r["benchmark"]), str(r["problem_id"]), int(r["sample_index"])
         k = k_by_benchmark.get(bench, 1)
-        if int(r["sample_index"]) >= k:
+        if index >= k:
             continue
-        grouped[bench][str(r["problem_id"])][int(r["sample_index"])] = bool(r["acc"])
+        if index in grouped[bench][pid]:
+            raise ValueError(f"duplicate record (benchmark, problem_id, sample_index) = {(bench, pid, index)}")
+        grouped[bench][pid][index] = bool(r["acc"])
         timeouts[bench] += int(bool(r.get("timeout", False)))
     out = {}
     for bench, problems in grouped.items():
         k = k_by_benchmark.get(bench, 1)
         samples = [list(s.values()) for s in problems.values()]
-        short = sum(1 for s in samples if len(s) < k)
-        kk = min(k, min(len(s) for s in samples))
+        short = {pid: len(s) for pid, s in problems.items() if len(s) < k}
+        pass_k = sum(pass_at_k(len(s), sum(s), min(k, len(s))) for s in samples) / len(samples)
         out[bench] = {
             "avg@k": avg_at_k(samples),
-            "pass@k": mean_pass_at_k(samples, kk),
+            "pass@k": pass_k,
             "k": k,
             "problems": len(samples),
             "samples": sum(len(s) for s in samples),
             "timeouts": timeouts[bench],
-            "short_problems": short,
+            "short_problems": len(short),
+            "short_problem_n": short,
         }
     return out
+
+
+def short_problem_notes(runs: Mapping[str, Mapping[str, dict]]) -> list[str]:
+    """One line per (run, benchmark) with problems that have fewer than k samples (their pass@k is pass@n).
+
+    Args:
+        runs: ``{run_name: summarize_run(...)}``.
+
+    Returns:
+        Lines such as ``"base / aime24: 1 of 30 problems with n < k = 32: '60' (n=31); their avg@k uses n samples
+        and their pass@k is pass@n"``; empty when none.
+    """
+    lines = []
+    for name, summary in runs.items():
+        for bench, m in summary.items():
+            short = m.get("short_problem_n") or {}
+            if short:
+                listed = ", ".join(f"{pid!r} (n={n})" for pid, n in sorted(short.items()))
+                lines.append(f"{name} / {bench}: {len(short)} of {m['problems']} problems with n < k = {m['k']}: "
+                             f"{listed}; their avg@k uses n samples and their pass@k is pass@n")
+    return lines
 
 
 def six_average(summary: Mapping[str, dict], metric: str = "avg@k") -> float | None:
@@ -113,7 +145,8 @@ def to_markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def write_tables(runs: Mapping[str, Mapping[str, dict]], out_dir: str | Path) -> dict[str, Path]:
-    """Write ``table.md`` (avg@k and pass@k tables, with relative-gain tables) and ``table.csv``/``table_pass.csv``; returns the paths."""
+    """Write ``table.md`` (avg@k and pass@k tables, with relative-gain tables, and the note of
+    :func:`short_problem_notes`) and ``table.csv``/``table_pass.csv``; returns the paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -129,6 +162,9 @@ def write_tables(runs: Mapping[str, Mapping[str, dict]], out_dir: str | Path) ->
             writer.writerow(header)
             writer.writerows(rows)
         paths[csv_name] = out_dir / csv_name
+    notes = short_problem_notes(runs)
+    if notes:
+        md.append("### Problems with fewer than k samples\n\n" + "".join(f"- {line}\n" for line in notes))
     (out_dir / "table.md").write_text("\n".join(md), encoding="utf-8")
     paths["table.md"] = out_dir / "table.md"
     return paths

@@ -1,7 +1,7 @@
-"""DAPO / JustRL strict ``\\boxed{}`` scorer with ±1 rewards, without verl's 100-character window bug (D13).
+"""DAPO / JustRL strict final-answer scorers with ±1 rewards, without verl's 100-character window bug (D13).
 
 Follows ``verl/utils/reward_score/math_dapo.py`` (``compute_score(..., strict_box_verify=True)``, the reward JustRL
-and STAPO train with; spec §6.1, §9.3, A15), with two deliberate differences:
+and STAPO train with; spec §6.1, §9.3, A15), with these deliberate differences:
 
 1. **One window (fixes bug D13).** verl keeps the last 300 characters and then ``is_correct_strict_box``
    re-slices them to the last 100, so a correct box whose ``\\boxed{`` starts more than 100 characters before the
@@ -11,10 +11,18 @@ and STAPO train with; spec §6.1, §9.3, A15), with two deliberate differences:
    characters of text is ignored, as in verl), and it also finds answers longer than the window, whose
    ``\\boxed{`` starts before it (verl cannot see those at all). An unclosed last ``\\boxed{`` (a truncated
    response) means "no answer", exactly as in verl.
-2. **Normalised comparison.** Prediction and ground truth are both passed through verl's
-   ``math_dapo.normalize_final_answer`` (called, not copied) before the exact string comparison; an exact raw
-   match is accepted first. ``normalize=False`` gives JustRL's pure exact match. Contents longer than
-   :data:`MAX_NORMALIZE_CHARS` are compared raw (verl never normalises more than 300 characters).
+2. **Normalised comparison** (:func:`answers_match_strict`). After an exact raw match, prediction and ground truth
+   are compared after verl's two normalisers, ``math_dapo.normalize_final_answer`` then ``math_reward.strip_string``
+   (:func:`stapo_verl.rewards.normalize.canonical_answer`: ``\\dfrac``/``\\tfrac`` = ``\\frac``, ``20\\%`` = ``20``),
+   and as plain decimal numbers (``5.0`` = ``05`` = ``5``). ``strip_string`` also writes ``0.5`` and ``1/2`` as
+   ``\\frac{1}{2}``. Nothing else is equivalent: ``\\frac{2}{4}`` is not ``\\frac{1}{2}`` and ``\\frac{10}{2}`` is not ``5``
+   (math-verify would accept both). ``normalize=False`` gives JustRL's pure exact match. Contents
+   longer than :data:`MAX_NORMALIZE_CHARS` are compared raw (verl never normalises more than 300 characters).
+3. **DAPO's published answer line** (:func:`score_dapo_format`, the ``math_dapo`` route). The published
+   DAPO-Math-17k prompt asks for a last line ``Answer: $Answer``; JustRL's (and ``stapo_verl.data.prepare``'s) asks
+   for ``\\boxed{}``. The final answer is the later of the last complete box and the last ``Answer:`` line
+   (verl's ``is_correct_minerva`` pattern), each only inside the same 300-character tail. verl's own non-strict
+   ``math_dapo.verify`` accepts both forms too (``Answer:`` first, box as fallback).
 
 These functions can be slow on adversarial input (D12: ``normalize_final_answer``'s regexes); callers run them
 through :mod:`stapo_verl.rewards.timeout`.
@@ -22,8 +30,14 @@ through :mod:`stapo_verl.rewards.timeout`.
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import re
+
+from stapo_verl.rewards.normalize import (
+    as_number,
+    canonical_answer,
+    load_verl_reward_module,
+    normalize_final_answer,
+)
 
 #: Characters at the end of a response in which the final box must close (verl ``math_dapo.py:267``).
 TAIL_CHARS = 300
@@ -31,47 +45,28 @@ TAIL_CHARS = 300
 #: ``normalize_final_answer`` is super-linear on long inputs (one ``$`` + 16k characters: 3 s; 100k: minutes, D12).
 MAX_NORMALIZE_CHARS = 2000
 BOX_OPEN = "\\boxed{"
+#: DAPO's published answer line (its prompt: "The last line of your response should be of the form Answer: $Answer");
+#: the default ``answer_pattern`` of verl's ``math_dapo.is_correct_minerva``.
+DAPO_ANSWER_LINE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
 
-_MATH_DAPO = None
+__all__ = [
+    "BOX_OPEN",
+    "DAPO_ANSWER_LINE",
+    "MAX_NORMALIZE_CHARS",
+    "TAIL_CHARS",
+    "answers_match_strict",
+    "extract_boxed_answer",
+    "extract_final_answer",
+    "find_last_boxed",
+    "normalize_final_answer",
+    "score_dapo_format",
+    "score_strict_box",
+]
 
 
 def _load_verl_math_dapo():
-    """Load ``verl/utils/reward_score/math_dapo.py`` without executing ``verl/__init__.py``.
-
-    Importing the ``verl`` package pulls in torch and the plugin entry points (~6 s on a loaded CPU), which
-    would make every reward worker start slow. ``math_dapo.py`` itself only imports ``re`` and ``typing``, so it
-    is loaded straight from the installed verl wheel. Falls back to a normal import if the file is not found.
-    """
-    spec = importlib.util.find_spec("verl")
-    if spec is not None and spec.submodule_search_locations:
-        path = os.path.join(list(spec.submodule_search_locations)[0], "utils", "reward_score", "math_dapo.py")
-        if os.path.exists(path):
-            file_spec = importlib.util.spec_from_file_location("_stapo_verl_math_dapo", path)
-            module = importlib.util.module_from_spec(file_spec)
-            file_spec.loader.exec_module(module)
-            return module
-    from verl.utils.reward_score import math_dapo  # pragma: no cover - unusual installs only
-
-    return math_dapo
-
-
-def _verl_math_dapo():
-    global _MATH_DAPO
-    if _MATH_DAPO is None:
-        _MATH_DAPO = _load_verl_math_dapo()
-    return _MATH_DAPO
-
-
-def normalize_final_answer(answer: str) -> str:
-    """verl's ``math_dapo.normalize_final_answer`` (lazily loaded; see :func:`_load_verl_math_dapo`).
-
-    Args:
-        answer: a final-answer string, e.g. the content of a ``\\boxed{}``.
-
-    Returns:
-        The normalised string (units/``\\text``/``$`` removed, ``\\fracab`` expanded, ``1,000`` → ``1000``).
-    """
-    return _verl_math_dapo().normalize_final_answer(answer)
+    """verl's ``utils/reward_score/math_dapo.py`` module, loaded without ``import verl``."""
+    return load_verl_reward_module("math_dapo")
 
 
 def find_last_boxed(text: str) -> tuple[int, int] | None:
@@ -85,7 +80,7 @@ def find_last_boxed(text: str) -> tuple[int, int] | None:
         no ``\\boxed{`` or the last one is never closed. verl's ``math_dapo.last_boxed_only_string`` does the
         brace matching (linear in ``len(text) - start``; escaped braces count as braces).
     """
-    boxed = _verl_math_dapo().last_boxed_only_string(text)  # brace matching from the last "\\boxed{"
+    boxed = _load_verl_math_dapo().last_boxed_only_string(text)  # brace matching from the last "\\boxed{"
     if boxed is None:
         return None
     start = text.rfind(BOX_OPEN)
@@ -111,31 +106,84 @@ def extract_boxed_answer(text: str, tail_chars: int | None = TAIL_CHARS) -> str 
     return text[start + len(BOX_OPEN) : end - 1]
 
 
+def extract_final_answer(text: str, tail_chars: int = TAIL_CHARS) -> str | None:
+    """The final answer of ``text`` in either DAPO form: the last ``\\boxed{}`` or the last ``Answer:`` line.
+
+    The box must close inside the last ``tail_chars`` characters (:func:`extract_boxed_answer`); the ``Answer:``
+    line must lie inside them, as in verl's ``math_dapo.compute_score`` (which searches ``solution_str[-300:]``).
+    When both exist, the one that *starts* later is the final answer (``Answer: \\boxed{42}`` gives the box).
+
+    Args:
+        text: the model response.
+        tail_chars: the window (characters at the end of ``text``).
+
+    Returns:
+        The answer text (the box content, or the rest of the ``Answer:`` line, stripped) or ``None``.
+    """
+    boxed = extract_boxed_answer(text, tail_chars)
+    box_start = text.rfind(BOX_OPEN) if boxed is not None else -1
+    offset = max(0, len(text) - tail_chars)
+    line = None
+    for line in DAPO_ANSWER_LINE.finditer(text, offset):
+        pass
+    if line is not None and line.start() > box_start:
+        return line.group(1).strip()
+    return boxed
+
+
+def answers_match_strict(pred: str, ground_truth: str, normalize: bool = True) -> tuple[bool, str]:
+    """Strict equality of a final answer and the ground truth (see the module docstring, point 2).
+
+    Args:
+        pred: the extracted answer (box content or ``Answer:`` line).
+        ground_truth: the reference answer.
+        normalize: False = raw exact match only (JustRL).
+
+    Returns:
+        ``(correct, pred_shown)``: ``pred_shown`` is the canonical form of ``pred`` (raw when not normalised).
+    """
+    if pred == ground_truth:
+        return True, pred
+    if not normalize or len(pred) > MAX_NORMALIZE_CHARS:
+        return False, pred
+    canon = canonical_answer(pred)
+    if canon == canonical_answer(ground_truth):
+        return True, canon
+    a, b = as_number(pred), as_number(ground_truth)
+    return (a is not None and a == b), canon
+
+
+def _result(answer: str | None, ground_truth: str, normalize: bool) -> dict:
+    if answer is None:
+        return {"score": -1.0, "acc": False, "pred": "", "timeout": False, "no_box": True}
+    correct, pred = answers_match_strict(answer, str(ground_truth), normalize)
+    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred, "timeout": False, "no_box": False}
+
+
 def score_strict_box(
     solution_str: str, ground_truth: str, tail_chars: int = TAIL_CHARS, normalize: bool = True
 ) -> dict:
-    """Score one response with the strict-box rule (±1).
+    """Score one response with the strict-box rule (±1): the last box, closed in the tail, strictly equal.
 
     Args:
         solution_str: decoded response text.
         ground_truth: the reference answer (DAPO-Math-17k: an integer as a string).
         tail_chars: see :func:`extract_boxed_answer`.
-        normalize: compare after verl's ``normalize_final_answer`` (True) or raw exact match only (False);
-            box contents longer than :data:`MAX_NORMALIZE_CHARS` are always compared raw.
+        normalize: compare with :func:`answers_match_strict` (True) or raw exact match only (False).
 
     Returns:
         ``{"score": 1.0 | -1.0, "acc": bool, "pred": str, "timeout": False, "no_box": bool}``; ``pred`` is the
         normalised box content ("" when there is no box).
     """
-    boxed = extract_boxed_answer(solution_str, tail_chars)
-    if boxed is None:
-        return {"score": -1.0, "acc": False, "pred": "", "timeout": False, "no_box": True}
-    gt = str(ground_truth)
-    if boxed == gt:
-        correct, pred = True, boxed
-    elif normalize and len(boxed) <= MAX_NORMALIZE_CHARS:
-        pred = normalize_final_answer(boxed)
-        correct = pred == normalize_final_answer(gt)
-    else:
-        correct, pred = False, boxed
-    return {"score": 1.0 if correct else -1.0, "acc": correct, "pred": pred, "timeout": False, "no_box": False}
+    return _result(extract_boxed_answer(solution_str, tail_chars), ground_truth, normalize)
+
+
+def score_dapo_format(
+    solution_str: str, ground_truth: str, tail_chars: int = TAIL_CHARS, normalize: bool = True
+) -> dict:
+    """Score one response whose prompt may be DAPO's published one (``Answer: $Answer``) or JustRL's (box), ±1.
+
+    Same as :func:`score_strict_box`, except that the final answer is :func:`extract_final_answer` (box or
+    ``Answer:`` line, whichever comes last in the tail). ``no_box`` is True when neither form is found.
+    """
+    return _result(extract_final_answer(solution_str, tail_chars), ground_truth, normalize)

@@ -7,9 +7,12 @@ wrong. Gold and prediction are parsed with ``math_verify.parse`` (LaTeX first, t
 with ``math_verify.verify`` (symbolic equality, fractions, intervals, sets/tuples, ``\\text{}`` and units handled by
 math-verify's normalisation; numbers compared after rounding to 6 digits).
 
-Fast paths accept strings identical up to whitespace and equal plain numbers (``1,000`` = ``1000`` = ``1000.0``,
-``4.5\\times 10^{33}`` = ``4.5e33``) without sympy; any other outcome is decided by math-verify, so the fast paths
-never make the scorer stricter.
+Fast paths accept strings identical up to whitespace, strings equal after verl's MATH normaliser
+``math_reward.strip_string`` (``\\dfrac`` = ``\\frac``, ``20\\%`` = ``20``) and equal plain numbers (``1,000`` = ``1000`` =
+``1000.0`` = ``01000``, ``4.5\\times 10^{33}`` = ``4.5e33``) without sympy; any other outcome is decided by math-verify,
+so the fast paths never make the scorer stricter. The percent fast path is needed: with the antlr 4.9 runtime that
+hydra pins, latex2sympy2_extended 1.11.0 cannot parse ``20\\%`` (its generated 4.9.3 parser lacks
+``AtomContext.FUNC_GAMMA``), so math-verify alone compares it as an unparsed string.
 
 math-verify's own ``signal.alarm`` timeouts are disabled (``parsing_timeout=None``, ``timeout_seconds=None``):
 they fail in threads, and the hard timeout of :mod:`stapo_verl.rewards.timeout` is the single, counted mechanism.
@@ -17,16 +20,12 @@ they fail in threads, and the hard timeout of :mod:`stapo_verl.rewards.timeout` 
 
 from __future__ import annotations
 
-import re
 import warnings
-from decimal import Decimal, InvalidOperation
 
-from stapo_verl.rewards.dapo import extract_boxed_answer, normalize_final_answer
+from stapo_verl.rewards.dapo import extract_boxed_answer
+from stapo_verl.rewards.normalize import as_number, strip_string
 
-_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(\D|$))")
-# LaTeX scientific notation, e.g. Minerva-style "4.5 \times 10^{33}" (gold answers there are written "4.5e33").
-_LATEX_SCI = re.compile(r"^([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:\\times|\\cdot)10\^\{?([+-]?\d+)\}?$")
+__all__ = ["answers_equivalent", "as_number", "score_math_verify"]
 
 _mv = None
 
@@ -43,31 +42,6 @@ def _math_verify():
         math_verify.grader.TIMEOUT_WARNING_SHOWN = True
         _mv = math_verify
     return _mv
-
-
-def as_number(text: str) -> Decimal | None:
-    """Parse a plain decimal number after light clean-up (``$``, spaces, thousands commas, ``a\\times 10^{b}``,
-    verl normalisation).
-
-    Args:
-        text: an answer string such as ``"2,125"``, ``"27.0"`` or ``"\\$18"``.
-
-    Returns:
-        The value as :class:`~decimal.Decimal`, or ``None`` if ``text`` is not a plain number.
-    """
-    s = text.strip().strip("$").replace("\\!", "").replace("\\,", "").replace(" ", "")
-    s = _THOUSANDS.sub("", s)
-    sci = _LATEX_SCI.match(s)
-    if sci:
-        s = f"{sci.group(1)}e{sci.group(2)}"
-    if not _NUMBER.match(s):
-        s = _THOUSANDS.sub("", normalize_final_answer(s))
-        if not _NUMBER.match(s):
-            return None
-    try:
-        return Decimal(s)
-    except InvalidOperation:
-        return None
 
 
 def _parse(text: str):
@@ -96,6 +70,8 @@ def answers_equivalent(pred: str, gold: str) -> bool:
         gold = gold.strip("$").strip()
     if "".join(pred.split()) == "".join(gold.split()):
         return True  # identical up to spaces: skip sympy, whose symbolic checks can exceed the timeout under load
+    if strip_string(pred) == strip_string(gold):
+        return True  # equal after verl's MATH normaliser: \dfrac = \frac, 20\% = 20 (math-verify misses the %)
     a, b = as_number(pred), as_number(gold)
     if a is not None and b is not None and a == b:
         return True

@@ -2,12 +2,21 @@
 
 Routing (keys are matched case-insensitively):
 
-* strict DAPO box scorer (:mod:`.dapo`, training reward; spec §6.1, A15): ``math_dapo`` (what
-  ``python -m stapo_verl.data.prepare --dataset dapo-math-17k`` writes), ``dapo-math-17k``, ``dapo-17k`` (the SvS
-  copy), ``math_dapo_reasoning``, ``math``;
+* DAPO-format scorer (:func:`.dapo.score_dapo_format`, training reward; spec §6.1, A15): ``math_dapo`` (what
+  ``python -m stapo_verl.data.prepare --dataset dapo-math-17k`` writes, and the name the *published*
+  DAPO-Math-17k parquet carries) and ``math_dapo_reasoning``. The final answer is the last ``\\boxed{}`` or the
+  last ``Answer:`` line, whichever comes last in the 300-character tail: the published prompt asks for
+  ``Answer: $Answer``, JustRL's (prepare's) for ``\\boxed{}``, and the reward never sees the prompt. verl's own
+  ``math_dapo`` scorer accepts both forms too.
+* strict box scorer (:func:`.dapo.score_strict_box`): ``dapo-math-17k``, ``dapo-17k`` (the SvS copy, bare problem
+  texts); ``scorer="strict_box"`` forces it everywhere (JustRL's box-only rule).
 * math-verify scorer (:mod:`.math_verify_scorer`, evaluation; spec §6.2, A16): ``aime24``, ``aime25``,
-  ``amc23``, ``math500``, ``minerva``, ``olympiadbench``, ``gsm8k``, any other ``aime*``, and verl's own names
-  ``huggingfaceh4/math-500``, ``openai/gsm8k``, ``lighteval/math``, ``digitallearninggmbh/math-lighteval``.
+  ``amc23``, ``math500``, ``minerva``, ``olympiadbench``, ``gsm8k``, any other ``aime*``, verl's own names
+  ``huggingfaceh4/math-500``, ``openai/gsm8k``, ``lighteval/math``, ``digitallearninggmbh/math-lighteval``, and
+  ``math``: Hendrycks MATH answers are LaTeX expressions (``\\frac{\\sqrt{3}}{2}``, intervals, tuples), for which an
+  exact string match after normalisation rejects correct equivalent forms; the strict scorers are for DAPO's
+  integer answers. (verl 0.9.1's ``default_compute_score`` sends ``math`` to its DAPO scorer; here it gets the
+  benchmark scorer.)
 
 Anything else raises :class:`UnknownDataSourceError` (verl's ``default_compute_score`` raises
 ``NotImplementedError`` likewise) rather than silently scoring with the wrong rule.
@@ -19,22 +28,23 @@ import logging
 import os
 import threading
 
-from stapo_verl.rewards.dapo import score_strict_box
+from stapo_verl.rewards.dapo import score_dapo_format, score_strict_box
 from stapo_verl.rewards.math_verify_scorer import score_math_verify
 from stapo_verl.rewards.timeout import DEFAULT_TIMEOUT_S, KillableRunner
 
 logger = logging.getLogger(__name__)
 
 STRICT_BOX = "strict_box"
+DAPO_FORMAT = "dapo_format"
 MATH_VERIFY = "math_verify"
-SCORERS = {STRICT_BOX: score_strict_box, MATH_VERIFY: score_math_verify}
+SCORERS = {STRICT_BOX: score_strict_box, DAPO_FORMAT: score_dapo_format, MATH_VERIFY: score_math_verify}
 
 _ROUTES = {
-    "math_dapo": STRICT_BOX,
+    "math_dapo": DAPO_FORMAT,
+    "math_dapo_reasoning": DAPO_FORMAT,
     "dapo-math-17k": STRICT_BOX,
     "dapo-17k": STRICT_BOX,
-    "math_dapo_reasoning": STRICT_BOX,
-    "math": STRICT_BOX,
+    "math": MATH_VERIFY,
     "aime24": MATH_VERIFY,
     "aime25": MATH_VERIFY,
     "amc23": MATH_VERIFY,
@@ -54,7 +64,7 @@ class UnknownDataSourceError(ValueError):
 
 
 def scorer_for(data_source: str) -> str:
-    """Name of the scorer (``"strict_box"`` or ``"math_verify"``) for a ``data_source``.
+    """Name of the scorer (``"dapo_format"``, ``"strict_box"`` or ``"math_verify"``) for a ``data_source``.
 
     Raises:
         UnknownDataSourceError: naming the value and the allowed ones.
@@ -66,7 +76,7 @@ def scorer_for(data_source: str) -> str:
         return MATH_VERIFY
     raise UnknownDataSourceError(
         f"data_source={data_source!r} has no scorer; allowed: {sorted(_ROUTES)} or any 'aime*' "
-        "(or pass scorer='strict_box'|'math_verify' in reward.custom_reward_function.reward_kwargs)"
+        f"(or pass scorer= one of {sorted(SCORERS)} in reward.custom_reward_function.reward_kwargs)"
     )
 
 
@@ -111,13 +121,13 @@ def compute_score(
         solution_str: decoded response.
         ground_truth: ``reward_model.ground_truth`` (non-str values are converted with ``str``).
         extra_info: the row's ``extra_info`` (unused; accepted for verl).
-        scorer: force ``"strict_box"`` or ``"math_verify"`` for every data source.
+        scorer: force ``"strict_box"``, ``"dapo_format"`` or ``"math_verify"`` for every data source.
         timeout_s: hard per-sample timeout in seconds (default env ``STAPO_REWARD_TIMEOUT_S`` or 5);
             ``0`` runs the scorer in-process without protection (debugging only).
         **kwargs: other verl keywords (``reward_router_address``, ...) are ignored.
 
     Returns:
-        ``{"score": float ±1, "acc": bool, "pred": str, "timeout": bool, "no_box": bool}`` — the same keys
+        ``{"score": float ±1, "acc": bool, "pred": str, "timeout": bool, "no_box": bool, "data_source": str}`` — the same keys
         for every call, because verl builds its reward-extra arrays from the first sample's keys.
 
     Raises:
@@ -130,13 +140,17 @@ def compute_score(
     solution_str = str(solution_str)
     ground_truth = str(ground_truth)
     if timeout_s is not None and float(timeout_s) == 0:
-        return fn(solution_str, ground_truth)
-    result = get_runner().run(fn, solution_str, ground_truth, timeout_s=timeout_s)
-    if result.timed_out:
-        return timeout_result(solution_str)
-    if result.error is not None:  # the scorer raised (or its worker died): a wrong answer, not a timeout
-        logger.warning("reward scorer %s failed on data_source=%r: %s", name, data_source, result.error)
-        out = timeout_result(solution_str)
-        out["timeout"] = False
-        return out
-    return result.value
+        out = fn(solution_str, ground_truth)
+    else:
+        result = get_runner().run(fn, solution_str, ground_truth, timeout_s=timeout_s)
+        if result.timed_out:
+            out = timeout_result(solution_str)
+        elif result.error is not None:  # the scorer raised (or its worker died): a wrong answer, not a timeout
+            logger.warning("reward scorer %s failed on data_source=%r: %s", name, data_source, result.error)
+            out = timeout_result(solution_str)
+            out["timeout"] = False
+        else:
+            out = result.value
+    # verl's validation dump (trainer.validation_data_dir) records reward-extra keys per row; the source lets
+    # stapo_verl.plots compute a per-benchmark standard error. verl skips string values in its metrics.
+    return {**out, "data_source": str(data_source)}

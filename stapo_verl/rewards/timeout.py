@@ -15,6 +15,10 @@ Design (measured numbers are in ``docs/data_rewards_eval.md``):
   length-prefixed pickles. A replacement worker after a timeout is ready in a few milliseconds.
   Not ``multiprocessing``: its spawn/forkserver methods re-import the caller's ``__main__`` (breaking scripts
   without a main guard), and ``fork`` from verl's multi-threaded reward workers is unsafe.
+* A failed start is explained: until the scorers are imported the zygote's stderr is a pipe that the parent reads
+  (and forwards); if the zygote dies or hangs, the ``RuntimeError`` carries its exit code and the end of that
+  stderr (e.g. ``ModuleNotFoundError: No module named 'math_verify'``). Once ready, the zygote switches its stderr
+  back to the trainer's, so workers' warnings reach the trainer's log as before.
 * A call costs one socket round trip (tens of microseconds) when a worker is idle; a worker start is never
   charged to a call's timeout.
 * The pool is thread-safe: up to ``max_workers`` calls run concurrently (verl's reward managers call
@@ -51,6 +55,8 @@ logger = logging.getLogger(__name__)
 
 #: Default hard timeout per scored sample, in seconds (env ``STAPO_REWARD_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = 5.0
+#: Bytes of the fork server's stderr kept for the error raised when it fails to start.
+STDERR_TAIL_BYTES = 4000
 #: Modules imported once into the fork server so that (re)started workers do not pay their import cost.
 _PRELOAD = ["stapo_verl.rewards.dapo", "stapo_verl.rewards.math_verify_scorer"]
 
@@ -117,9 +123,9 @@ def _preload() -> None:
     """Import (and warm) the scorer modules, so that forked workers start ready to score."""
     for name in _PRELOAD:
         importlib.import_module(name)
-    from stapo_verl.rewards import dapo, math_verify_scorer
+    from stapo_verl.rewards import math_verify_scorer, normalize
 
-    dapo.normalize_final_answer("1")
+    normalize.canonical_answer("1")  # loads verl's math_dapo.py and math_reward.py once
     math_verify_scorer._math_verify()
 
 
@@ -144,12 +150,18 @@ def _serve(rfile, wfile) -> None:
             return
 
 
-def zygote_main(ctrl_fd: int) -> None:
+def zygote_main(ctrl_fd: int, stderr_fd: int = -1) -> None:
     """Entry point of the fork-server ("zygote") process, started by :class:`_Zygote`.
 
     Imports the scorers once, then for every file descriptor received on the control socket forks a worker that
     serves :func:`_serve` on it, and replies with the worker's PID (8 bytes). ``SIGCHLD`` is ignored, so the kernel
     reaps killed workers (no zombies). Exits when the control socket closes or its parent dies.
+
+    Args:
+        ctrl_fd: the inherited control socket.
+        stderr_fd: a copy of the parent's stderr. Until the scorers are imported, stderr is a pipe that the parent
+            reads, so that a failed start (e.g. ``math_verify`` not installed) reaches the parent's error message;
+            once ready, stderr is switched to this descriptor (``/dev/null`` when ``-1``) and the pipe is closed.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     parent = int(os.environ.get("STAPO_REWARD_PARENT_PID", "0"))
@@ -160,6 +172,10 @@ def zygote_main(ctrl_fd: int) -> None:
     ctrl = socket.socket(fileno=ctrl_fd)
     _preload()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    sys.stderr.flush()
+    target = stderr_fd if stderr_fd >= 0 else os.open(os.devnull, os.O_WRONLY)
+    os.dup2(target, 2)  # workers forked from now on write to the trainer's stderr, as before; the pipe sees EOF
+    os.close(target)
     ctrl.sendall(b"R")
     me = os.getpid()
     while True:
@@ -200,20 +216,29 @@ class _Spawner:
     def _loop(self) -> None:
         while True:
             fd, done, box = self._requests.get()
+            err_fd = -1
             try:
                 env = dict(os.environ)
                 env["STAPO_REWARD_PARENT_PID"] = str(os.getpid())
                 # The child must import this package from wherever the parent does (editable installs, tests).
                 env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-                code = f"from stapo_verl.rewards.timeout import zygote_main; zygote_main({fd})"
-                box.append(subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=(fd,),
-                                            stdin=subprocess.DEVNULL))
+                try:
+                    err_fd = os.dup(2)  # the child's stderr once it is ready (see zygote_main)
+                except OSError:
+                    err_fd = -1
+                code = f"from stapo_verl.rewards.timeout import zygote_main; zygote_main({fd}, {err_fd})"
+                fds = (fd,) if err_fd < 0 else (fd, err_fd)
+                box.append(subprocess.Popen([sys.executable, "-c", code], env=env, pass_fds=fds,
+                                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE))
             except BaseException as exc:  # noqa: BLE001 - handed to the requesting thread
                 box.append(exc)
+            finally:
+                if err_fd >= 0:
+                    os.close(err_fd)
             done.set()
 
     def popen(self, fd: int) -> subprocess.Popen:
-        """Start a zygote that inherits ``fd`` (its control socket); raises what ``Popen`` raised."""
+        """Start a zygote that inherits ``fd`` (its control socket), stderr piped; raises what ``Popen`` raised."""
         done, box = threading.Event(), []
         self._requests.put((fd, done, box))
         done.wait()
@@ -223,7 +248,12 @@ class _Spawner:
 
 
 class _Zygote:
-    """Parent-side handle of the fork server: ``fork_worker()`` returns a ready-to-use worker in milliseconds."""
+    """Parent-side handle of the fork server: ``fork_worker()`` returns a ready-to-use worker in milliseconds.
+
+    Raises:
+        RuntimeError: the server exited before it was ready, or was not ready within ``start_timeout_s``; the
+            message carries its exit code and the last :data:`STDERR_TAIL_BYTES` of its stderr.
+    """
 
     def __init__(self, start_timeout_s: float) -> None:
         self.sock, child = socket.socketpair()
@@ -232,10 +262,65 @@ class _Zygote:
         finally:
             child.close()
         self.lock = threading.Lock()
-        r, _, _ = select.select([self.sock], [], [], start_timeout_s)
-        if not r or self.sock.recv(1) != b"R":
-            self.close()
-            raise RuntimeError(f"reward fork server did not start within {start_timeout_s} s")
+        self._stderr_tail = bytearray()
+        state = self._wait_ready(start_timeout_s)
+        if state == "timeout":
+            self.proc.kill()  # first, so that its stderr pipe reaches EOF
+        self._drain_stderr(2.0 if state == "ready" else 5.0)  # ready: the child closed the pipe; else: last words
+        if state != "ready":
+            if state == "timeout":
+                what = f"did not start within {start_timeout_s} s (killed)"
+            else:
+                what = f"exited before it was ready (start timeout {start_timeout_s} s)"
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - closed the socket yet does not exit
+                self.proc.kill()
+                code = self.proc.wait(timeout=5)
+            self.sock.close()
+            tail = self._stderr_tail.decode("utf-8", "replace").rstrip() or "<empty>"
+            raise RuntimeError(f"reward fork server {what}, exit code {code}; end of its stderr:\n{tail}")
+
+    def _wait_ready(self, timeout: float) -> str:
+        """Read the server's stderr while waiting for its ready byte: ``"ready"``, ``"eof"`` (it closed the control
+        socket: died) or ``"timeout"``."""
+        deadline = time.monotonic() + timeout
+        err = self.proc.stderr
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout"
+            watch = [self.sock] if err is None or err.closed else [self.sock, err]
+            readable, _, _ = select.select(watch, [], [], left)
+            if err is not None and err in readable:
+                self._read_stderr()
+            if self.sock in readable:
+                return "ready" if self.sock.recv(1) == b"R" else "eof"
+
+    def _read_stderr(self) -> None:
+        """Forward one chunk of the server's startup stderr to ours and keep its tail; close the pipe at EOF."""
+        err = self.proc.stderr
+        chunk = os.read(err.fileno(), 65536)
+        if not chunk:
+            err.close()
+            return
+        try:
+            os.write(2, chunk)  # startup warnings stay visible, as when the server wrote to our stderr directly
+        except OSError:
+            pass
+        self._stderr_tail += chunk
+        del self._stderr_tail[:-STDERR_TAIL_BYTES]
+
+    def _drain_stderr(self, timeout: float) -> None:
+        """Read the startup pipe to EOF (at most ``timeout`` seconds), then close it."""
+        err = self.proc.stderr
+        deadline = time.monotonic() + timeout
+        while err is not None and not err.closed:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([err], [], [], left)[0]:
+                err.close()
+                return
+            self._read_stderr()
 
     def alive(self) -> bool:
         """Whether the fork server is still running."""

@@ -1,0 +1,229 @@
+# shellcheck shell=bash
+# CPU platform delta of the recipes (sourced by recipes/run.sh for the `tiny` size; not run on its own).
+#
+# The tiny CPU run is recipes/common/base.sh at size `tiny` plus this file, so every production override
+# that a CPU can execute is executed by it: the `dapo` reward manager and the project's scorer, dynamic
+# batch size with token budgets, the validation layout (sampled val_kwargs, val_before_train, test_freq),
+# the trainer schedule keys (total_training_steps, total_epochs, save_freq, resume_mode), the per-method
+# deltas (STAPO short form, GRPO's KL loss and reference model, ...) and the stop-token generation config.
+#
+# ENGINE=fsdp (default) | megatron selects the training engine (verl's model_engine=dp | megatron).
+#
+# ---------------------------------------------------------------------------------------------------
+# What cannot run on a CPU, and what the tiny run uses instead (the one list; docs/cpu_backend.md has
+# the same table):
+#   vLLM rollout server (async)              -> stapo_verl.cpu rollout server: HF transformers sampler
+#                                               behind verl's RolloutReplica/ServerAdapter contract
+#                                               (rollout.name=cpu); reads the same
+#                                               engine_kwargs.vllm.generation_config stop setting
+#   vLLM engine knobs (gpu_memory_utilization,
+#     rollout TP, CUDA graphs, sleep mode)   -> accepted by the config, ignored by the CPU server; TP=1
+#   NCCL                                     -> gloo (stapo_verl.cpu platform)
+#   CUDA GPUs for verl's resource pools      -> virtual Ray `GPU` resources (ray_init.num_gpus)
+#   flash-attention                          -> SDPA (model.override_config.attn_implementation=sdpa)
+#   bf16 / FP8 (TE FP8 GEMMs, FP8 rollout,
+#     TIS next to FP8)                       -> fp32 on FSDP (PRECISION=fp8 is rejected here)
+#   Transformer Engine layer spec            -> Megatron-Core local spec (stapo_verl CPU shims)
+#   Megatron-Bridge weight path
+#     (vanilla_mbridge=False)                -> mbridge (vanilla_mbridge=True); engine and loss path same
+#   Megatron sequence parallelism            -> off (override_transformer_config.sequence_parallel=False)
+#   context parallelism (CP > 1)             -> CP = 1
+#   param / optimizer offload                -> off (OFFLOAD=0: there is no device memory to free)
+#   torch.compile                            -> off
+#   gradient checkpointing (FSDP)            -> off (the model is 0.8 M parameters)
+#   multi-node Ray, Slurm                    -> one local ray.init (no dashboard)
+#   wandb                                    -> console + verl's `file` logger (metrics.jsonl)
+#   Qwen3-{1.7,8,14}B-Base, DAPO-Math-17k
+#     and the six benchmarks                 -> tiny Qwen3 + synthetic arithmetic (+ GSM8K/MATH500
+#                                               slices) from python -m stapo_verl.cpu.make_assets
+#   DataLoader worker processes              -> 0 (in-process loading; the data is a few MB in memory,
+#                                               and workers only compete for the cores)
+# ---------------------------------------------------------------------------------------------------
+
+# stapo_cpu_setup <method>: interpreter, environment, assets and the tiny-run defaults. Call before
+# stapo_build_overrides. Sets PY, RUN_NAME, RUN_DIR, ASSETS, MODEL_PATH, TRAIN_FILES, VAL_FILES and the
+# CPU defaults of the variables base.sh reads.
+stapo_cpu_setup() {
+    local method=$1 root
+    root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+    # The project's venv; created by scripts/setup_env.sh on first use (it honours STAPO_VENV too).
+    if [[ -z ${STAPO_VENV:-} && ! -x $root/.venv/bin/python ]] || [[ -n ${STAPO_VENV:-} && ! -x ${STAPO_VENV}/bin/python ]]; then
+        STAPO_VENV="$(bash "$root/scripts/setup_env.sh" | tail -n 1)"
+        export STAPO_VENV
+    fi
+    stapo_python
+
+    export VERL_PLATFORM=cpu RAY_AUTH_MODE=disabled WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+    export RAY_DISABLE_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+    export PYTHONHASHSEED=0
+
+    : "${ENGINE:=fsdp}"
+    : "${PRECISION:=bf16}"
+    [[ $PRECISION == bf16 ]] ||
+        stapo_die "PRECISION=$PRECISION cannot run on CPU (no FP8 kernels; the CPU run trains in fp32): unset PRECISION"
+    : "${RUN_NAME:=tiny_cpu_${method}}"
+    : "${PROJECT_NAME:=stapo_tiny_cpu}"
+    : "${EXP_NAME:=$RUN_NAME}"
+    : "${LOGGER:=[console,file]}"
+    : "${NNODES:=1}"
+    : "${DATALOADER_WORKERS:=0}"
+    RUN_DIR="${STAPO_RUN_DIR:-$root/outputs/$RUN_NAME}"
+    # Absolute (the Ray workers run elsewhere); created only when training starts.
+    [[ $RUN_DIR == /* ]] || RUN_DIR="$PWD/$RUN_DIR"
+    : "${CKPT_PATH:=$RUN_DIR/ckpt}"
+    export VERL_FILE_LOGGER_PATH="$RUN_DIR/metrics.jsonl"
+    case $ENGINE in
+    fsdp) stapo_cpu_fsdp defaults ;;
+    megatron) stapo_cpu_megatron defaults ;;
+    *) stapo_die "ENGINE='$ENGINE' (allowed: ${STAPO_ENGINES[*]})" ;;
+    esac
+
+    ASSETS="${STAPO_ASSETS:-$HOME/.cache/stapo_verl/tiny}"
+    # Its progress goes to stderr, so --print-overrides' stdout stays the override list.
+    "$PY" -m stapo_verl.cpu.make_assets --out "$ASSETS" >&2 ||
+        stapo_die "building the tiny assets in $ASSETS failed (python -m stapo_verl.cpu.make_assets --out $ASSETS)"
+    local manifest
+    manifest="$("$PY" -c '
+import json, sys
+m = json.load(open(sys.argv[1]))
+print(m["model_dir"])
+print(repr(m["train_file"]))
+print("[" + ",".join(repr(f) for f in [m["val_file"], *m["benchmark_val_files"]]) + "]")
+' "$ASSETS/assets.json")" || stapo_die "cannot read $ASSETS/assets.json"
+    # shellcheck disable=SC2034  # read by recipes/common/base.sh
+    {
+        read -r MODEL_PATH
+        read -r TRAIN_FILES
+        read -r VAL_FILES
+    } <<<"$manifest"
+}
+
+# stapo_cpu_overrides: the CPU platform delta, appended after the base / size / method overrides.
+stapo_cpu_overrides() {
+    STAPO_OVERRIDES+=(
+        # Platform: CPU device, virtual GPUs for verl's resource pools, a local Ray.
+        trainer.device=cpu
+        "+ray_kwargs.ray_init.num_gpus=$GPUS_PER_NODE"
+        ray_kwargs.ray_init.num_cpus=8
+        +ray_kwargs.ray_init.include_dashboard=False
+        +ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu
+        +ray_kwargs.ray_init.runtime_env.env_vars.RAY_AUTH_MODE=disabled
+        +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=disabled
+        "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH='$VERL_FILE_LOGGER_PATH'"
+        # On 2 shared cores intra-op thread spinning made torch an order of magnitude slower.
+        "+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='1'"
+        "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_CPU_ROLLOUT_THREADS='1'"
+        transfer_queue.backend.SimpleStorage.num_data_storage_units=1
+        # Rollout: the CPU server instead of vLLM (one agent-loop worker, one reward worker).
+        actor_rollout_ref.rollout.name=cpu
+        actor_rollout_ref.rollout.agent.num_workers=1
+        reward.num_workers=1
+        # Model: SDPA attention, no gradient checkpointing.
+        +actor_rollout_ref.model.override_config.attn_implementation=sdpa
+        actor_rollout_ref.model.enable_gradient_checkpointing=False
+        "data.dataloader_num_workers=$DATALOADER_WORKERS"
+        # Validation generations (verl's dump): the report's standard errors come from them.
+        "trainer.validation_data_dir='$RUN_DIR/val_generations'"
+    )
+    case $ENGINE in
+    fsdp) stapo_cpu_fsdp overrides ;;
+    megatron) stapo_cpu_megatron overrides ;;
+    esac
+}
+
+# stapo_cpu_fsdp defaults|overrides: FSDP2 on gloo in fp32, one virtual GPU.
+stapo_cpu_fsdp() {
+    case $1 in
+    defaults)
+        : "${GPUS_PER_NODE:=1}"
+        ;;
+    overrides)
+        STAPO_OVERRIDES+=(
+            actor_rollout_ref.actor.use_torch_compile=False
+            actor_rollout_ref.actor.fsdp_config.use_torch_compile=False
+            actor_rollout_ref.actor.fsdp_config.model_dtype=fp32
+            "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+            actor_rollout_ref.ref.fsdp_config.model_dtype=fp32
+        )
+        ;;
+    esac
+}
+
+# >>> megatron on cpu (megatron helper)
+# stapo_cpu_megatron defaults|overrides: verl's Megatron engine at TP=2 over 2 virtual GPUs (gloo), on
+# the mbridge weight path with Megatron-Core's local layer spec (stapo_verl's CPU shims replace TE and
+# the CUDA-only call sites; loaded only when VERL_PLATFORM=cpu). It trains in bf16 (McoreEngineConfig
+# accepts bf16/fp16 only) with base.sh's distributed optimizer and full recompute; the fp32 parity
+# checks are tests/test_megatron_engine_on_cpu.py.
+stapo_cpu_megatron() {
+    case $1 in
+    defaults)
+        : "${GPUS_PER_NODE:=2}"
+        : "${ACTOR_TP:=2}"
+        ;;
+    overrides)
+        STAPO_OVERRIDES+=(
+            actor_rollout_ref.actor.megatron.use_mbridge=True
+            # Megatron-Bridge cannot be installed on CPU (issue 8); mbridge converts the same weights.
+            actor_rollout_ref.actor.megatron.vanilla_mbridge=True
+            # mbridge turns sequence parallelism on whenever TP > 1; the local spec's norm cannot run it.
+            +actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False
+        )
+        ;;
+    esac
+}
+# <<< megatron on cpu
+
+# stapo_cpu_run_is_complete <method> <extra overrides...>: 0 (and a message) when the run directory already holds
+# the final checkpoint of this invocation's trainer.total_training_steps (verl would resume from it,
+# train nothing and exit).
+stapo_cpu_run_is_complete() {
+    local method=$1 steps=$TOTAL_STEPS resume=auto a latest_file latest
+    shift
+    for a in "$@"; do
+        case $a in
+        trainer.total_training_steps=*) steps=${a#*=} ;;
+        trainer.resume_mode=*) resume=${a#*=} ;;
+        esac
+    done
+    [[ $resume == auto ]] || return 1
+    latest_file="$CKPT_PATH/latest_checkpointed_iteration.txt"
+    [[ -s $latest_file ]] || return 1
+    latest="$(tr -d '[:space:]' <"$latest_file")"
+    [[ $latest =~ ^[0-9]+$ && $steps =~ ^[0-9]+$ ]] || return 1
+    ((latest >= steps)) || return 1
+    cat >&2 <<EOF
+[stapo recipe] $RUN_DIR is already complete: its checkpoint is at step $latest and this run trains
+[stapo recipe] trainer.total_training_steps=$steps, so nothing would be trained. Nothing was run.
+[stapo recipe]   start another run:   STAPO_RUN_DIR=${RUN_DIR}_2 bash recipes/tiny_cpu_${method}.sh
+[stapo recipe]   (or delete $RUN_DIR and run the same command again)
+[stapo recipe]   train this one on:   bash recipes/tiny_cpu_${method}.sh trainer.total_training_steps=$((latest + 10))
+[stapo recipe] its results: $RUN_DIR/summary.md
+EOF
+    return 0
+}
+
+# stapo_cpu_train <method> <extra overrides...>: run main_ppo with STAPO_OVERRIDES, log, then post-process.
+stapo_cpu_train() {
+    if stapo_cpu_run_is_complete "$@"; then
+        return 0
+    fi
+    mkdir -p "$RUN_DIR"
+    stapo_write_generation_config
+    # verl's file logger truncates its file: keep earlier invocations' metrics (e.g. before a resume),
+    # so that metrics.jsonl and the report hold this invocation only.
+    if [[ -s $RUN_DIR/metrics.jsonl ]]; then
+        mv "$RUN_DIR/metrics.jsonl" "$RUN_DIR/metrics.$(date +%s).jsonl"
+    fi
+    local start end rc wall
+    start=$(date +%s)
+    set +e
+    "$PY" -m verl.trainer.main_ppo "${STAPO_OVERRIDES[@]}" 2>&1 | tee "$RUN_DIR/train.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    end=$(date +%s)
+    wall=$((end - start))
+    echo "{\"wall_seconds\": $wall, \"returncode\": $rc}" >"$RUN_DIR/wall.json"
+    "$PY" -m stapo_verl.plots report --run "$RUN_DIR" --wall-seconds "$wall" || echo "[stapo recipe] report failed" >&2
+    return "$rc"
+}

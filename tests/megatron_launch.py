@@ -1,0 +1,57 @@
+"""Launch ``megatron_engine_job.py`` as N gloo ranks (one subprocess each) and build its tiny HF model dir."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+JOB = Path(__file__).with_name("megatron_engine_job.py")
+BS, MICRO, TEMP_CURRENT = 8, 2, 0.7  # mini-batch rows, micro-batch rows, temperature of the current-policy step
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_model_dir(path: Path) -> Path:
+    """tests.tiny_qwen3 (2 layers, hidden 32, GQA, untied head) + a 64-token word-level tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tiny_qwen3 import VOCAB, tiny_qwen3
+
+    tiny_qwen3(seed=0, vocab=VOCAB).save_pretrained(path)
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t1"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", unk_token="t1", eos_token="t2").save_pretrained(path)
+    return path
+
+
+def run_job(out: Path, model_dir: Path, tp: int, pp: int, world: int, timeout: int = 420,
+            extra_env: dict | None = None) -> None:
+    """Run ``world`` ranks; raise AssertionError with the failing rank's stderr tail if any rank fails."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, VERL_PLATFORM="cpu", TORCHDYNAMO_DISABLE="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(extra_env or {}))
+        procs.append(subprocess.Popen([sys.executable, str(JOB), str(out), str(model_dir), str(tp), str(pp)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, log in enumerate(logs):
+        Path(f"{out}.rank{r}.log").write_text(log)
+    bad = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode != 0]
+    assert not bad, f"ranks failed {bad}:\n" + "\n".join(logs[r][-3000:] for r, _ in bad)

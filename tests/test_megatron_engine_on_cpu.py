@@ -1,0 +1,140 @@
+"""verl 0.9.1's real ``MegatronEngineWithLMHead`` with STAPO on the CPU over gloo, fp32, at TP=2 / PP=2 / DP=2
+against TP=1 PP=1 and against an unsharded HF-transformers reference.
+
+Each layout is one gloo job (``megatron_engine_job.py``, N processes, ``VERL_PLATFORM=cpu`` so the plugin's entry
+point installs the CPU platform and the :mod:`stapo_verl.cpu.megatron` shims): ``initialize`` (mbridge loads the HF
+weights, scattered over TP/PP), ``infer_batch`` (old log-probs + entropy), then two ``train_batch`` calls through
+the plugin's ``TrainingWorker.train_batch`` wrapper on an 8-sequence mini-batch in 2-sequence micro-batches:
+``stats_source=old_policy`` (default route, S2T mask active), then ``stats_source=current_micro_batch`` with
+``calculate_entropy=True`` and temperature 0.7. Grads (before the optimizer step) and weights are exported to HF
+names through the bridge, so layouts compare element-wise.
+"""
+
+import time
+
+import pytest
+import torch
+
+from megatron_launch import TEMP_CURRENT, make_model_dir, run_job
+
+LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 1, 2), "pp2": (1, 2, 2), "dp2": (1, 1, 2)}  # name: (tp, pp, world)
+PARALLEL = ("tp2", "pp2", "dp2")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("megatron")
+    out = {"model_dir": make_model_dir(root / "model"), "wall_s": {}}
+    for name, (tp, pp, world) in LAYOUTS.items():
+        t0 = time.perf_counter()
+        run_job(root / f"{name}.pt", out["model_dir"], tp, pp, world)
+        out["wall_s"][name] = round(time.perf_counter() - t0, 1)
+        out[name] = torch.load(root / f"{name}.pt", weights_only=False)
+    print("megatron engine job wall s per layout (2 shared cores):", out["wall_s"])
+    return out
+
+
+def _hf_model(model_dir, state_dict):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    assert not unexpected and not missing, (missing, unexpected)
+    return model.eval()
+
+
+def _reference(model, prompt, response, temperature):
+    """Unsharded fp64 entropy and log-prob of each response token (predicted at the position before it)."""
+    ids = torch.cat([prompt, response])
+    with torch.no_grad():
+        logits = model(input_ids=ids[None]).logits[0].double() / temperature
+    logp = torch.log_softmax(logits, -1)[len(prompt) - 1: len(ids) - 1]
+    return -(logp.exp() * logp).sum(-1), logp.gather(-1, response[:, None]).squeeze(-1)
+
+
+def _micro_batches(step):
+    return [mb for rank_seen in step["seen"] for mb in rank_seen]
+
+
+def _assert_tensors_close(a, b, atol, rtol=1e-5):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=atol, rtol=rtol, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_engine_runs_on_cpu_with_the_plugin(runs):
+    for name in LAYOUTS:
+        r = runs[name]
+        assert r["device"] == "cpu" and r["engine"] == "MegatronEngineWithLMHead" and r["wrapped"], name
+        assert r["dp_size"] == (2 if name == "dp2" else 1)
+        for route in ("old_policy", "current"):
+            assert r[route]["n_micro_batches"] == 4 // r["dp_size"]  # several micro-batches per rank
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2", "pp2"])
+def test_infer_batch_log_probs_and_entropy_match_unsharded_reference(runs, layout):
+    r = runs[layout]
+    torch.testing.assert_close(r["infer_log_probs"], runs["tp1"]["infer_log_probs"], atol=2e-6, rtol=0)
+    torch.testing.assert_close(r["infer_entropy"], runs["tp1"]["infer_entropy"], atol=2e-6, rtol=0)
+    model = _hf_model(runs["model_dir"], r["old_policy"]["before"])  # the initial weights, exported by the bridge
+    for j, (prompt, response) in enumerate(r["rows"]):
+        ent, lp = _reference(model, prompt, response, 1.0)
+        torch.testing.assert_close(r["infer_log_probs"][j, : len(response)].double(), lp, atol=5e-6, rtol=0)
+        torch.testing.assert_close(r["infer_entropy"][j, : len(response)].double(), ent, atol=5e-6, rtol=0)
+
+
+@pytest.mark.parametrize("layout", PARALLEL)
+def test_default_route_train_batch_matches_tp1(runs, layout):
+    """S2T mask active (old-policy route): loss, token counts, grad norm, grads and updated weights vs TP=1 PP=1."""
+    ref, r = runs["tp1"]["old_policy"], runs[layout]["old_policy"]
+    n_valid = runs[layout]["n_valid"]
+    stats = [mb["stats"] for mb in _micro_batches(r)]
+    assert all(s == stats[0] for s in stats)  # one global mask statistic per mini-batch, on every DP rank
+    ref_stats = _micro_batches(ref)[0]["stats"]
+    assert stats[0] == pytest.approx(ref_stats, rel=1e-6)  # counts exact, τ_h and sums to fp32 rounding
+    n_masked = stats[0]["n_masked"]
+    assert 0 < n_masked < stats[0]["n_candidates"] <= n_valid
+    # Σ K over the mini-batch (all DP ranks) = N_valid − N_masked, and the same tokens as on TP=1
+    keep = torch.cat([mb["keep"][mb["response_mask"].bool()] for mb in _micro_batches(r)])
+    assert int(keep.sum()) == n_valid - n_masked
+    assert torch.equal(keep, torch.cat([mb["keep"][mb["response_mask"].bool()] for mb in _micro_batches(ref)]))
+    # the engine counted every valid token (loss_mask intact for verl's KL/entropy terms) ...
+    assert r["batch_num_tokens"] == ref["batch_num_tokens"] == n_valid
+    # ... and the PG term is normalised by N_valid − N_masked: at π_θ = π_old every kept token's loss is −Â, so
+    # the micro-batch losses (all ranks) sum to −Σ_K Â / (N_valid − N_masked). verl multiplies each rank's loss by
+    # dp_size (Megatron's DDP averages the gradients over DP), hence the division.
+    adv_tok = torch.cat([mb["advantages"][mb["response_mask"].bool()] for mb in _micro_batches(r)])
+    expected = -float((adv_tok * keep).sum()) / (n_valid - n_masked)
+    pg = sum(sum(m["actor/pg_loss"]) for m in r["metrics"]) / runs[layout]["dp_size"]
+    assert pg == pytest.approx(expected, abs=1e-6)
+    assert pg == pytest.approx(sum(sum(m["actor/pg_loss"]) for m in ref["metrics"]), abs=1e-6)
+    assert r["metrics"][0]["grad_norm"] == pytest.approx(ref["metrics"][0]["grad_norm"], rel=1e-6)
+    _assert_tensors_close(r["grads"], ref["grads"], atol=1e-6)
+    _assert_tensors_close(r["after"], ref["after"], atol=1e-6)
+    changed = [k for k in r["after"] if not torch.equal(r["after"][k], r["before"][k])]
+    assert changed == list(r["after"])  # the optimizer step moved every weight
+
+
+@pytest.mark.parametrize("layout", ["tp1", "tp2"])
+def test_current_route_entropy_is_the_unsharded_reference_and_gradient_free(runs, layout):
+    """``stats_source=current_micro_batch`` + ``calculate_entropy=True``: the entropy the loss receives comes from
+    the plugin's ``_lm_head_logits_processor`` wrapper (vocab-parallel at TP=2), equals an unsharded fp64 reference
+    of the temperature-scaled logits — so it was computed before verl's in-place ``div_``/log-prob ops — and carries
+    no graph; verl's gradient-carrying ``vocab_parallel_entropy`` never ran."""
+    r = runs[layout]["current"]
+    assert r["verl_entropy_calls"] == 0
+    model = _hf_model(runs["model_dir"], r["before"])  # the weights this step trained from
+    n_rows = 0
+    for mb in _micro_batches(r):
+        assert mb["entropy"] is not None and mb["entropy_grad"] is False
+        for i, (pl, rl) in enumerate(zip(mb["prompt_lens"].tolist(), mb["response_lens"].tolist())):
+            ent, _ = _reference(model, mb["prompts"][i, :pl], mb["responses"][i, :rl], TEMP_CURRENT)
+            torch.testing.assert_close(mb["entropy"][i, :rl].double(), ent, atol=5e-6, rtol=0)
+            n_rows += 1
+    assert n_rows == len(runs[layout]["rows"])
+    if layout != "tp1":
+        ref = runs["tp1"]["current"]
+        assert r["metrics"][0]["grad_norm"] == pytest.approx(ref["metrics"][0]["grad_norm"], rel=1e-6)
+        assert [m["actor/stapo/num_masked"] for m in r["metrics"]] == [m["actor/stapo/num_masked"]
+                                                                        for m in ref["metrics"]]
+        _assert_tensors_close(r["grads"], ref["grads"], atol=1e-6)
