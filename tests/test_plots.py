@@ -195,7 +195,7 @@ def test_dump_search_step_filter_and_ties(run):
 def test_malformed_dump_line_names_file_and_line(tmp_path):
     f = tmp_path / "stapo_tokens.dp0.jsonl"
     f.write_text(json.dumps(_row()) + "\n\n" + "{not json\n")
-    with pytest.raises(RunFileError, match=rf"{f}:3: not JSON"):
+    with pytest.raises(RunFileError, match=rf"{f}:3: malformed JSON line"):
         read_tokens([f])
     bad = _row()
     del bad["tau_p"]

@@ -55,7 +55,7 @@ stapo_size_defaults() {
     STAPO_SIZE_OVERRIDES=()
     case $size in
     tiny)
-        # >>> tiny size (tiny-learning helper)
+        # >>> tiny size
         # The CPU run: tiny Qwen3 and synthetic arithmetic from stapo_verl.cpu.make_assets
         # (MODEL_PATH / TRAIN_FILES / VAL_FILES come from its assets.json, read in recipes/common/cpu.sh).
         # Its warm start knows the answers (greedy validation accuracy ~1.0) but samples stray tokens at

@@ -144,12 +144,15 @@ stapo_cpu_fsdp() {
             actor_rollout_ref.actor.fsdp_config.model_dtype=fp32
             "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
             actor_rollout_ref.ref.fsdp_config.model_dtype=fp32
+            # the reference model (GRPO's KL loss) would otherwise compute in bf16: at step 1 it is the policy,
+            # and its KL must read ~0, not bf16 rounding (and TransferQueue rejects a bf16 log-prob field)
+            "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
         )
         ;;
     esac
 }
 
-# >>> megatron on cpu (megatron helper)
+# >>> megatron on cpu
 # stapo_cpu_megatron defaults|overrides: verl's Megatron engine at TP=2 over 2 virtual GPUs (gloo), on
 # the mbridge weight path with Megatron-Core's local layer spec (stapo_verl's CPU shims replace TE and
 # the CUDA-only call sites; loaded only when VERL_PLATFORM=cpu). It trains in bf16 (McoreEngineConfig

@@ -18,6 +18,8 @@ import json
 import math
 from pathlib import Path
 
+from stapo_verl.data.readers import iter_jsonl
+
 METRICS_FILE = "metrics.jsonl"
 TOKEN_DUMP_PATTERN = "stapo_tokens.dp*.jsonl"
 VAL_GENERATIONS_DIR = "val_generations"
@@ -36,6 +38,13 @@ class RunFileError(ValueError):
     """A run file is malformed; the message names the file, the line and the offending key or value."""
 
 
+def _jsonl(path: Path):
+    """``(line number, object)`` of a JSONL file via :func:`stapo_verl.data.readers.iter_jsonl`; bad lines raise
+    :class:`RunFileError` naming ``file:line`` (1-based)."""
+    return ((i + 1, rec) for i, rec in
+            iter_jsonl(path, lambda msg, i: RunFileError(f"{path}:{i + 1}: {msg}")))
+
+
 def read_metrics(path: str | Path) -> dict[int, dict[str, float]]:
     """Parse one verl ``file``-logger JSONL into ``{step: {metric: value}}``.
 
@@ -52,16 +61,10 @@ def read_metrics(path: str | Path) -> dict[int, dict[str, float]]:
         raise FileNotFoundError(f"metrics file {path} not found (verl writes it with trainer.logger=[...,file] "
                                 f"to $VERL_FILE_LOGGER_PATH)")
     out: dict[int, dict[str, float]] = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RunFileError(f"{path}:{n}: not JSON ({e.msg})") from e
-        if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or not isinstance(rec.get("data"), dict):
+    for n, rec in _jsonl(path):
+        if not isinstance(rec.get("step"), int) or not isinstance(rec.get("data"), dict):
             raise RunFileError(f"{path}:{n}: expected {{\"step\": int, \"data\": {{metric: value}}}}, "
-                               f"got {line[:120]!r}")
+                               f"got {json.dumps(rec)[:120]!r}")
         row = out.setdefault(rec["step"], {})
         for k, v in rec["data"].items():
             if isinstance(v, _NUM) and not isinstance(v, bool):
@@ -112,13 +115,7 @@ def read_tokens(files: list[Path]) -> list[dict]:
     """
     rows = []
     for path in files:
-        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RunFileError(f"{path}:{n}: not JSON ({e.msg})") from e
+        for n, rec in _jsonl(Path(path)):
             rec = _check_row(rec, Path(path), n)
             rec["_file"] = str(path)
             rows.append(rec)
@@ -140,16 +137,5 @@ def read_val_generations(val_dir: str | Path, steps: set[int] | None = None) -> 
     for path in sorted(val_dir.glob("*.jsonl")):
         if not path.stem.isdigit() or (steps is not None and int(path.stem) not in steps):
             continue
-        rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RunFileError(f"{path}:{n}: not JSON ({e.msg})") from e
-            if not isinstance(rec, dict):
-                raise RunFileError(f"{path}:{n}: expected a JSON object")
-            rows.append(rec)
-        out[int(path.stem)] = rows
+        out[int(path.stem)] = [rec for _, rec in _jsonl(path)]
     return out
