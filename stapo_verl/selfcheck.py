@@ -11,7 +11,7 @@ import functools
 import logging
 
 from stapo_verl import STAPO_LOSS_MODES
-from stapo_verl.config import STATS_SOURCES, StapoConfigError, check_registered
+from stapo_verl.config import STATS_SOURCES, StapoConfigError, StapoPolicyLossConfig, check_registered
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +29,17 @@ def _get(cfg, dotted: str, default=None):
         except Exception:  # omegaconf struct errors on missing keys
             return default
     return default if node is None else node
+
+
+def _is_stapo_config_class(target: str) -> bool:
+    """True if ``target`` imports as :class:`StapoPolicyLossConfig` or a subclass (a user's own config class)."""
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(target))
+    except Exception:  # not importable: the caller's error message names the value
+        return False
+    return isinstance(cls, type) and issubclass(cls, StapoPolicyLossConfig)
 
 
 def needs_current_entropy(loss_mode: str, stats_source: str) -> bool:
@@ -65,7 +76,7 @@ def validate_stapo_config(config) -> None:
         return
     check_registered(loss_mode)
     target = _get(pl, "_target_", "")
-    if target != _TARGET:
+    if target != _TARGET and not _is_stapo_config_class(target):
         raise StapoConfigError(
             f"{_ACTOR}.policy_loss.loss_mode={loss_mode} needs {_ACTOR}.policy_loss._target_={_TARGET} "
             f"(got {target!r}); without it the STAPO keys (tau_p, entropy_quantile, ...) are rejected by verl"
@@ -85,7 +96,7 @@ def validate_stapo_config(config) -> None:
         if not bool(_get(config, "trainer.use_v1", True)):
             raise StapoConfigError(
                 f"stats_source={stats_source} uses the old-policy log-prob/entropy of verl's v1 trainer: set "
-                "trainer.use_v1=True or use +actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch"
+                "trainer.use_v1=True or use ++actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch"
             )
         if bool(_get(config, "algorithm.rollout_correction.bypass_mode", False)):
             raise StapoConfigError(

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import math
 import time
 
 import torch
@@ -74,7 +75,7 @@ def _check_fields(data) -> None:
             f"stats_source='old_policy'/'current_minibatch' need mini-batch fields {list(_REQUIRED_FIELDS)}; "
             f"missing {missing}. They come from verl's v1 trainer old-log-prob pass (trainer.use_v1=True, "
             "algorithm.rollout_correction.bypass_mode=False). Otherwise use "
-            "+actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch with "
+            "++actor_rollout_ref.actor.policy_loss.stats_source=current_micro_batch with "
             "actor_rollout_ref.actor.calculate_entropy=True."
         )
 
@@ -155,7 +156,9 @@ def current_policy_statistics(engine, data, infer_keys: dict | None = None) -> t
         engine: verl ``BaseEngine`` (FSDP or Megatron). data: the mini-batch TensorDict (no-padding layout).
         infer_keys: engine keys for the forward (``micro_batch_size_per_gpu``, ``max_token_len_per_gpu``,
             ``use_dynamic_bsz``, ``use_remove_padding``, ``use_fused_kernels``), as ``TrainingWorker.infer_batch``
-            injects them; keys already in ``data`` are overridden on the copy.
+            injects them; keys already in ``data`` are overridden on the copy. Without ``use_dynamic_bsz`` the
+            micro-batch size becomes ``gcd(len(data), micro_batch_size_per_gpu)`` (verl requires it to divide the
+            mini-batch; same values, rows are independent).
     Raises:
         StapoDataError: Megatron with pipeline parallelism > 1 (only the last stage holds outputs; raised on every
             rank before the forward), or the engine returned no log-probs/entropy on this rank.
@@ -177,7 +180,13 @@ def current_policy_statistics(engine, data, infer_keys: dict | None = None) -> t
     for k in (KEEP_FIELD,):
         if k in td.keys():
             del td[k]
-    tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False, **(infer_keys or {}))
+    keys = dict(infer_keys or {})
+    if not keys.get("use_dynamic_bsz", True) and keys.get("micro_batch_size_per_gpu"):
+        # verl's prepare_micro_batches asserts len(data) % micro_batch_size == 0; the inference micro-batch size
+        # is tuned for the whole old-log-prob batch and need not divide a mini-batch (e.g. 16 vs 8 rows). Rows are
+        # independent in this no-grad forward, so the largest common divisor gives the same values.
+        keys["micro_batch_size_per_gpu"] = math.gcd(len(data), int(keys["micro_batch_size_per_gpu"]))
+    tu.assign_non_tensor(td, calculate_entropy=True, compute_loss=False, **keys)
     with engine.eval_mode(disable_auto_offload=True):
         out = engine.infer_batch(td, loss_function=None)
     mo = (out or {}).get("model_output", {}) or {}

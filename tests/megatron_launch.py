@@ -33,15 +33,17 @@ def make_model_dir(path: Path) -> Path:
 
 
 def run_job(out: Path, model_dir: Path, tp: int, pp: int, world: int, timeout: int = 420,
-            extra_env: dict | None = None) -> None:
-    """Run ``world`` ranks; raise AssertionError with the failing rank's stderr tail if any rank fails."""
+            extra_env: dict | None = None, job: Path = JOB, argv: list[str] | None = None) -> None:
+    """Run ``world`` ranks of ``job`` (argv: ``argv``, default ``out model_dir tp pp`` for
+    ``megatron_engine_job.py``); raise AssertionError with the failing rank's stderr tail if any rank fails."""
+    argv = [str(out), str(model_dir), str(tp), str(pp)] if argv is None else [str(a) for a in argv]
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, VERL_PLATFORM="cpu", TORCHDYNAMO_DISABLE="1", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", **(extra_env or {}))
-        procs.append(subprocess.Popen([sys.executable, str(JOB), str(out), str(model_dir), str(tp), str(pp)],
+        procs.append(subprocess.Popen([sys.executable, str(job), *argv],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = []
     try:

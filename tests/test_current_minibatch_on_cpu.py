@@ -3,6 +3,8 @@
 
 The job runs the v1 trainer's worker calls: the old-log-prob ``infer_batch`` pass, then ``train_mini_batch`` over
 4 optimizer mini-batches at a large learning rate (so the current policy moves away from π_old between them).
+``check_current_route``/``check_exact_renormalisation`` are shared with the Megatron engine's run of the same job
+(``test_megatron_engine_on_cpu.py``).
 """
 
 import json
@@ -31,15 +33,17 @@ def run(tmp_path_factory):
     out, dump = tmp / "report.json", tmp / "dump"
     env = dict(os.environ, VERL_PLATFORM="cpu", TORCHDYNAMO_DISABLE="1")
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("current_minibatch_job.py")), str(out),
-                           str(_free_port()), "current_minibatch", str(dump), str(CAP)],
+                           "--port", str(_free_port()), "--stats-source", "current_minibatch", "--dump-dir", str(dump),
+                           "--cap", str(CAP)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text()), dump
 
 
-def test_first_minibatch_is_old_policy_exactly_later_ones_use_the_current_policy(run):
-    r, _ = run
-    assert r["n_minibatches"] == 4
+def check_current_route(r):
+    """The job's report (``current_minibatch_job.py``, any engine): the first mini-batch uses π_old's statistics
+    exactly, later ones the current policy's, which the training forward sees too. Shared with the Megatron test."""
+    assert r["n_minibatches"] == 4 and r["ranks_agree"]
     # mini-batch 0: no optimizer step since the old-log-prob pass → the old values, the old_policy mask exactly
     assert r["uses_old"] == [True, False, False, False]
     assert r["equals_old_policy_mask"][0] and r["lp_shift"][0] == 0.0
@@ -52,14 +56,26 @@ def test_first_minibatch_is_old_policy_exactly_later_ones_use_the_current_policy
     assert m["actor/stapo/current_stats"] == [0.0, 1.0, 1.0, 1.0]
     assert m["actor/stapo/mask_disagreement"][0] == 0.0 and sum(m["actor/stapo/mask_disagreement"][1:]) > 0
     assert [d > 0 for d in m["actor/stapo/mask_disagreement"][1:]] == [not e for e in r["equals_old_policy_mask"][1:]]
+    # the reported disagreement counts exactly the valid tokens whose keep decision differs from the old_policy mask
+    assert m["actor/stapo/mask_disagreement"] == [float(d) for d in r["disagreement_expected"]]
+    assert m["actor/stapo/mask_disagreement_frac"] == pytest.approx(
+        [d / v for d, v in zip(r["disagreement_expected"], r["n_valid"], strict=True)], rel=1e-12)
 
 
-def test_exact_renormalisation_pg_denominator_is_valid_minus_masked(run):
-    r, _ = run
+def check_exact_renormalisation(r):
+    """PG denominator N_valid − N_masked per mini-batch; the engine's count stays N_valid. Shared with Megatron."""
     assert r["n_valid"] == r["n_valid_expected"]
     assert r["pg_batch_num_tokens"] == [float(v - k) for v, k in zip(r["n_valid"], r["n_masked"], strict=True)]
     assert r["engine_batch_num_tokens"] == [float(v) for v in r["n_valid"]]  # KL/entropy: all valid tokens
     assert r["metrics"]["actor/stapo/num_masked"] == [float(k) for k in r["n_masked"]]
+
+
+def test_first_minibatch_is_old_policy_exactly_later_ones_use_the_current_policy(run):
+    check_current_route(run[0])
+
+
+def test_exact_renormalisation_pg_denominator_is_valid_minus_masked(run):
+    check_exact_renormalisation(run[0])
 
 
 def test_token_dump_rows_follow_the_schema_and_the_cap(run):

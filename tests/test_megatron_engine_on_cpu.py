@@ -8,14 +8,21 @@ the plugin's ``TrainingWorker.train_batch`` wrapper on an 8-sequence mini-batch 
 ``stats_source=old_policy`` (default route, S2T mask active), then ``stats_source=current_micro_batch`` with
 ``calculate_entropy=True`` and temperature 0.7. Grads (before the optimizer step) and weights are exported to HF
 names through the bridge, so layouts compare element-wise.
+
+``stats_source=current_minibatch`` runs separately at TP=2 (PP=1; PP>1 is rejected by design): the FSDP test's job
+(``current_minibatch_job.py --engine megatron``, verl's real ``TrainingWorker`` over 4 mini-batches) with the FSDP
+test's assertions.
 """
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from megatron_launch import TEMP_CURRENT, make_model_dir, run_job
+from test_current_minibatch_on_cpu import check_current_route, check_exact_renormalisation
 
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 1, 2), "pp2": (1, 2, 2), "dp2": (1, 1, 2)}  # name: (tp, pp, world)
 PARALLEL = ("tp2", "pp2", "dp2")
@@ -138,3 +145,21 @@ def test_current_route_entropy_is_the_unsharded_reference_and_gradient_free(runs
         assert [m["actor/stapo/num_masked"] for m in r["metrics"]] == [m["actor/stapo/num_masked"]
                                                                         for m in ref["metrics"]]
         _assert_tensors_close(r["grads"], ref["grads"], atol=1e-6)
+
+
+def test_current_minibatch_route_on_megatron_tp2(tmp_path):
+    """``stats_source=current_minibatch`` on verl's ``TrainingWorker`` + Megatron engine at TP=2 (2 gloo ranks):
+    mini-batch 0 uses π_old's mask exactly; after each optimizer step (lr 3e-2) the mask uses the current policy's
+    log-probs (both TP ranks agree), which the training forward reproduces; PG denominator N_valid − N_masked; the
+    reported mask disagreement counts the decisions that differ from the old_policy mask. The job's inference
+    micro-batch (4 rows) does not divide the 2-row mini-batch, as a tuned ``log_prob_micro_batch_size_per_gpu``
+    may not."""
+    out = tmp_path / "report.json"
+    t0 = time.perf_counter()
+    run_job(out, make_model_dir(tmp_path / "model"), 2, 1, 2, job=Path(__file__).with_name("current_minibatch_job.py"),
+            argv=[out, "--engine", "megatron", "--tp", "2", "--model-dir", tmp_path / "model"])
+    print(f"current_minibatch megatron tp2 job wall s (2 shared cores): {time.perf_counter() - t0:.1f}")
+    r = json.loads(out.read_text())
+    assert r["world_size"] == 2 and r["micro_batches_per_minibatch"] == 1
+    check_current_route(r)
+    check_exact_renormalisation(r)

@@ -118,6 +118,9 @@ def test_user_subclass_target_is_kept():
     assert fill_policy_loss_target(cfg) is False
     assert cfg.actor_rollout_ref.actor.policy_loss._target_ == target
     assert type(omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss) is MyStapoPolicyLossConfig
+    from stapo_verl.selfcheck import validate_stapo_config
+
+    validate_stapo_config(cfg)  # the cross-key checks accept the subclass the fill kept
 
 
 def test_fill_works_on_a_read_only_config_and_keeps_it_read_only():

@@ -74,6 +74,21 @@ def test_plugins_disabled_self_check_raises_clear_error(local_ray):
         assert hint in res["error"]
 
 
+def test_importing_our_config_first_still_registers_the_losses():
+    # Regression: with `import stapo_verl.config` as the process's first import, verl's plugin loading started
+    # inside the half-initialised stapo_verl.config, the circular import was swallowed, and nothing registered.
+    code = (
+        "import stapo_verl.config\n"
+        "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY as R\n"
+        "print(sorted(m for m in R if m.startswith(('stapo', 'top_entropy'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == str(
+        sorted(["stapo", "stapo_high_entropy", "stapo_random", "stapo_full_mask", "top_entropy"]))
+
+
 def test_plugins_disabled_in_a_plain_process():
     code = (
         "import verl\n"
