@@ -28,7 +28,7 @@ import torch.distributed as dist  # noqa: E402
 import verl  # noqa: E402,F401  (entry point: CPU platform + STAPO + worker hooks)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import actor_config  # noqa: E402
+from helpers import actor_config, tq_layout_batch  # noqa: E402
 from tiny_qwen3 import VOCAB, tiny_qwen3  # noqa: E402
 
 
@@ -91,10 +91,9 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
         os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.losses import ppo_loss
-    from verl.workers.utils.padding import left_right_2_no_padding, response_from_nested, response_to_nested
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
 
     import stapo_verl.losses as losses
     import stapo_verl.worker_hooks as hooks
@@ -117,18 +116,7 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
     responses = torch.randint(0, VOCAB, (bs, R), generator=g)
     attn = torch.ones(bs, P + R, dtype=torch.int64)
     attn[1, -2:] = 0  # right padding in a response
-    rmask = attn[:, P:].clone()
-    pos = (attn.cumsum(-1) - 1).clamp_min(0)
-    td = TensorDict({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn,
-                     "response_mask": rmask, "position_ids": pos, "prompts": prompts, "responses": responses},
-                    batch_size=[bs])
-    td = left_right_2_no_padding(td)
-    valid = attn.bool()
-    nest = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
-    td["prompts"] = nest([prompts[i][valid[i, :P]] for i in range(bs)])
-    td["responses"] = nest([responses[i][valid[i, P:]] for i in range(bs)])
-    td["response_mask"] = nest([rmask[i][valid[i, P:]] for i in range(bs)])
-    td["loss_mask"] = nest([rmask[i][valid[i, P:]] for i in range(bs)])
+    td = tq_layout_batch(prompts, responses, attn)
     td["global_steps"] = torch.full((bs,), 3, dtype=torch.int64)  # per-sample TransferQueue field (agent_loop_tq)
     n_valid = [int(td["response_mask"][i].sum()) for i in range(bs)]
 

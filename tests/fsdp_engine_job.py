@@ -19,7 +19,7 @@ import torch.distributed as dist  # noqa: E402
 import verl  # noqa: E402,F401  (entry point: CPU platform + STAPO)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import actor_config  # noqa: E402
+from helpers import actor_config, tq_layout_batch  # noqa: E402
 from tiny_qwen3 import VOCAB, tiny_qwen3  # noqa: E402
 
 
@@ -27,14 +27,13 @@ def main(out_path, port):
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1)
-    from tensordict import TensorDict
     from verl.trainer.config import CheckpointConfig
     from verl.utils import tensordict_utils as tu
     from verl.utils.device import get_device_name
     from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.utils.losses import ppo_loss
-    from verl.workers.utils.padding import left_right_2_no_padding, response_from_nested, response_to_nested
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
 
     import stapo_verl.losses as losses
     from stapo_verl import state
@@ -69,21 +68,9 @@ def main(out_path, port):
     attn = torch.ones(bs, P + R, dtype=torch.int64)
     attn[0, :2] = 0  # left padding in the prompt
     attn[1, -2:] = 0  # right padding in the response
-    rmask = attn[:, P:].clone()
-    pos = (attn.cumsum(-1) - 1).clamp_min(0)
 
     def batch():
-        td = TensorDict({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn.clone(),
-                         "response_mask": rmask.clone(), "position_ids": pos.clone(), "prompts": prompts.clone(),
-                         "responses": responses.clone()}, batch_size=[bs])
-        td = left_right_2_no_padding(td)
-        # TransferQueue layout (agent_loop_tq): unpadded nested prompts/responses/masks
-        valid = attn.bool()
-        nest = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
-        td["prompts"] = nest([prompts[i][valid[i, :P]] for i in range(bs)])
-        td["responses"] = nest([responses[i][valid[i, P:]] for i in range(bs)])
-        td["response_mask"] = nest([rmask[i][valid[i, P:]] for i in range(bs)])
-        td["loss_mask"] = nest([rmask[i][valid[i, P:]] for i in range(bs)])
+        td = tq_layout_batch(prompts, responses, attn)  # TransferQueue layout (agent_loop_tq)
         tu.assign_non_tensor(td, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=2,
                              max_token_len_per_gpu=4096, use_fused_kernels=False, temperature=1.0,
                              global_batch_size=bs, mini_batch_size=bs, epochs=1, seed=0)

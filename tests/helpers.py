@@ -25,3 +25,36 @@ def actor_config(loss_mode: str = "stapo", clip_low=0.2, clip_high=0.28, clip_c=
         policy_loss=pl,
         rollout_n=1,
     )
+
+
+def tq_layout_batch(prompts, responses, attn):
+    """The mini-batch layout verl's v1 trainer hands ``TrainingWorker`` (TransferQueue, ``agent_loop_tq``).
+
+    Args:
+        prompts: (bs, P) int64, left padded. responses: (bs, R) int64, right padded.
+        attn: (bs, P + R) int64 attention mask (0 on padding); the response mask is ``attn[:, P:]``.
+    Returns:
+        verl TensorDict in the no-padding layout (``left_right_2_no_padding``) with unpadded nested
+        ``prompts``/``responses``/``response_mask``/``loss_mask`` (verl ``workers/utils/padding.py``).
+    """
+    import torch
+    from tensordict import TensorDict
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    bs, P = prompts.shape
+    rmask = attn[:, P:].clone()
+    pos = (attn.cumsum(-1) - 1).clamp_min(0)
+    td = TensorDict({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn.clone(),
+                     "response_mask": rmask, "position_ids": pos, "prompts": prompts.clone(),
+                     "responses": responses.clone()}, batch_size=[bs])
+    td = left_right_2_no_padding(td)
+    valid = attn.bool()
+
+    def nest(xs):
+        return torch.nested.as_nested_tensor(xs, layout=torch.jagged)
+
+    td["prompts"] = nest([prompts[i][valid[i, :P]] for i in range(bs)])
+    td["responses"] = nest([responses[i][valid[i, P:]] for i in range(bs)])
+    td["response_mask"] = nest([rmask[i][valid[i, P:]] for i in range(bs)])
+    td["loss_mask"] = nest([rmask[i][valid[i, P:]] for i in range(bs)])
+    return td

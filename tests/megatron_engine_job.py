@@ -37,16 +37,14 @@ import torch.distributed as dist  # noqa: E402
 import verl  # noqa: E402,F401  (entry point: CPU platform + megatron shims + STAPO)
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import actor_config  # noqa: E402
+from helpers import actor_config, tq_layout_batch  # noqa: E402
 
 from megatron_launch import BS, MICRO, TEMP_CURRENT  # noqa: E402
 
 
 def make_batch(seed=1, vocab=64):
     """(bs) variable-length prompt/response pairs in verl's no-padding layout, identical on every rank."""
-    from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
-    from verl.workers.utils.padding import left_right_2_no_padding
 
     g = torch.Generator().manual_seed(seed)
     P, R = 5, 7
@@ -56,18 +54,7 @@ def make_batch(seed=1, vocab=64):
     for i in range(BS):
         attn[i, : int(torch.randint(0, 3, (1,), generator=g))] = 0  # left padding
         attn[i, P + R - int(torch.randint(0, 4, (1,), generator=g)):] = 0  # right padding
-    rmask = attn[:, P:].clone()
-    pos = (attn.cumsum(-1) - 1).clamp_min(0)
-    td = TensorDict({"input_ids": torch.cat([prompts, responses], 1), "attention_mask": attn,
-                     "response_mask": rmask, "position_ids": pos, "prompts": prompts, "responses": responses},
-                    batch_size=[BS])
-    td = left_right_2_no_padding(td)
-    valid = attn.bool()
-    nest = lambda xs: torch.nested.as_nested_tensor(xs, layout=torch.jagged)  # noqa: E731
-    td["prompts"] = nest([prompts[i][valid[i, :P]] for i in range(BS)])
-    td["responses"] = nest([responses[i][valid[i, P:]] for i in range(BS)])
-    td["response_mask"] = nest([rmask[i][valid[i, P:]] for i in range(BS)])
-    td["loss_mask"] = nest([rmask[i][valid[i, P:]] for i in range(BS)])
+    td = tq_layout_batch(prompts, responses, attn)
     tu.assign_non_tensor(td, use_remove_padding=True, use_dynamic_bsz=False, micro_batch_size_per_gpu=MICRO,
                          max_token_len_per_gpu=4096, use_fused_kernels=False, temperature=1.0,
                          global_batch_size=BS, mini_batch_size=BS, epochs=1, seed=0,
