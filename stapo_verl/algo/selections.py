@@ -1,0 +1,130 @@
+"""The paper's ablations of the S2T selection, and the 20-Entropy selection (pure tensor code, torch only).
+
+Each ablation is a :data:`stapo_verl.algo.s2t.CandidateSelection`: given the entropies of the whole candidate
+population P (gathered over the data-parallel group, in rank order), it says which candidates to silence. They plug
+into :func:`stapo_verl.algo.s2t.s2t_keep_mask` (``select=``), so population, counting and renormalisation are the
+S2T mask's. Source: STAPO paper (arXiv 2602.15620) §4.4 (masking-strategy ablation) and JustRL-FullMask.
+
+:func:`top_entropy_keep_mask` is the 20-Entropy baseline ("Beyond the 80/20 Rule", Wang et al. 2025,
+arXiv 2506.01939; https://github.com/Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR): keep the ⌈ρ·N⌉ tokens of highest
+entropy, here over the whole optimizer mini-batch across the data-parallel group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from stapo_verl.algo.s2t import CandidateSelection, linear_quantile
+
+#: bits kept of a derived seed (``torch.Generator.manual_seed`` takes a signed 64-bit value)
+_SEED_BITS = 0x7FFF_FFFF_FFFF_FFFF
+
+
+def high_entropy_selection(q: float) -> CandidateSelection:
+    """Ablation: silence the candidates above the (1 − q) quantile (H > τ, strict, ties kept).
+
+    The mirror image of S2T: for distinct values it silences as many candidates as S2T does.
+    """
+
+    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        if entropy.numel() == 0:
+            return torch.zeros(0, dtype=torch.bool), None
+        tau = linear_quantile(entropy, 1.0 - q)
+        return entropy > tau, float(tau)
+
+    return select
+
+
+def random_selection(q: float, seed: int) -> CandidateSelection:
+    """Ablation: silence as many candidates as S2T would (H < Quantile_q), drawn uniformly without replacement.
+
+    Args:
+        q: the S2T quantile that fixes the budget.
+        seed: RNG seed; must be equal on every rank (see :func:`mask_seed`).
+    """
+
+    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        n = entropy.numel()
+        if n == 0:
+            return torch.zeros(0, dtype=torch.bool), None
+        tau = linear_quantile(entropy, q)
+        budget = int((entropy < tau).sum())
+        generator = torch.Generator().manual_seed(int(seed) & _SEED_BITS)
+        silenced = torch.zeros(n, dtype=torch.bool)
+        silenced[torch.randperm(n, generator=generator)[:budget]] = True
+        return silenced, float(tau)
+
+    return select
+
+
+def full_selection() -> CandidateSelection:
+    """Ablation (JustRL-FullMask): silence every candidate (no entropy condition)."""
+
+    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+        return torch.ones(entropy.numel(), dtype=torch.bool), None
+
+    return select
+
+
+def mask_seed(seed: int, global_step: int, mini_batch_index: int) -> int:
+    """Seed of a random mask for one optimizer mini-batch, from (seed, verl global step, mini-batch index).
+
+    A function of the position in training only (no per-process counter), so a resumed run masks exactly as an
+    uninterrupted one and every DP rank draws the same permutation.
+
+    Raises:
+        ValueError: a negative step or index.
+    """
+    if global_step < 0 or mini_batch_index < 0:
+        raise ValueError(f"global_step={global_step} and mini_batch_index={mini_batch_index} must be >= 0")
+    return ((int(seed) * 1_000_003 + int(global_step)) * 1_000_003 + int(mini_batch_index)) & _SEED_BITS
+
+
+def top_entropy_keep_mask(
+    entropy: torch.Tensor, response_mask: torch.Tensor, ratio: float, group=None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """20-Entropy: keep the ⌈ρ·N⌉ valid finite tokens of highest entropy, N counted over ``group``.
+
+    Every rank contributes its local top-k (k = ⌈ρ·N⌉ capped by its own count); the global k-th largest entropy τ
+    is taken over their union and each rank keeps its tokens with H ≥ τ (ties at τ are all kept).
+
+    Args:
+        entropy: (bs, T) float, entropy in nats. response_mask: (bs, T) bool/int.
+        ratio: ρ in (0, 1].
+        group: data-parallel group holding the mini-batch, or None.
+
+    Returns:
+        ``(keep (bs, T) bool, {"actor/top_entropy/kept_frac": float, "actor/top_entropy/threshold": float})``
+        (the threshold only when something is kept).
+
+    Raises:
+        ValueError: shapes differ or ``ratio`` is outside (0, 1].
+    """
+    if tuple(entropy.shape) != tuple(response_mask.shape):
+        raise ValueError(f"entropy {tuple(entropy.shape)} and response_mask {tuple(response_mask.shape)} differ")
+    if not (0.0 < ratio <= 1.0):
+        raise ValueError(f"top-entropy ratio={ratio!r}: allowed 0 < ratio <= 1")
+    ent = entropy.detach().float()
+    usable = response_mask.bool() & torch.isfinite(ent)
+    local = ent[usable]
+    distributed = group is not None and dist.is_initialized() and dist.get_world_size(group) > 1
+    counts = torch.tensor([usable.sum(), response_mask.bool().sum()], dtype=torch.int64, device=ent.device)
+    if distributed:
+        dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+    n_usable, n_valid = int(counts[0]), int(counts[1])
+    k = min(n_usable, max(1, int(n_usable * ratio + 0.9999))) if n_usable else 0
+    if k == 0:
+        return torch.zeros_like(usable), {"actor/top_entropy/kept_frac": 0.0}
+    top_local = torch.topk(local, min(k, local.numel())).values.cpu() if local.numel() else local.cpu()
+    if distributed:
+        parts = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, top_local, group=group)
+        top_local = torch.cat(parts)
+    tau = torch.topk(top_local, k).values[-1]
+    keep = usable & (ent >= tau.to(ent.device))
+    n_keep = keep.sum().to(torch.int64)
+    if distributed:
+        dist.all_reduce(n_keep, op=dist.ReduceOp.SUM, group=group)
+    return keep, {"actor/top_entropy/kept_frac": int(n_keep) / max(n_valid, 1),
+                  "actor/top_entropy/threshold": float(tau)}

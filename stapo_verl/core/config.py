@@ -1,0 +1,384 @@
+"""Policy-loss config with the token-mask keys, and the checks of a composed trainer config.
+
+verl 0.9.1's ``PolicyLossConfig`` has no ``token_mask``; :class:`StapoPolicyLossConfig` is that class plus the keys
+the upstream series adds (``token_mask``, S2T's ``tau_p`` and ``entropy_quantile``) and the plugin's own
+(statistics source, ablation and dump settings). It is selected through ``policy_loss._target_``, which the plugin
+fills on the driver when ``loss_mode=stapo`` or a ``token_mask`` is set (:func:`fill_policy_loss_target`), so users
+never type it. Key names and defaults::
+
+    actor_rollout_ref.actor.policy_loss.token_mask=s2t          # or s2t_high_entropy, s2t_random, s2t_full,
+                                                                 #    top_entropy; null = no mask (default)
+    actor_rollout_ref.actor.policy_loss.tau_p=0.002
+    actor_rollout_ref.actor.policy_loss.entropy_quantile=0.75
+    actor_rollout_ref.actor.policy_loss.stats_source=old_policy  # or current_minibatch
+
+Source: STAPO paper (arXiv 2602.15620) §3 and §5 for the defaults; verl ``verl.workers.config.PolicyLossConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import types
+import typing
+from dataclasses import dataclass
+from typing import Optional
+
+from omegaconf import DictConfig, open_dict, read_write
+from verl.workers.config.actor import PolicyLossConfig
+
+from stapo_verl.core.masks import S2T_TOKEN_MASKS
+from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
+
+logger = logging.getLogger(__name__)
+
+#: where the statistics the mask reads come from
+STATS_SOURCES = ("old_policy", "current_minibatch")
+#: loss modes of earlier stapo-verl versions → the ``token_mask`` that replaces them (with ``loss_mode=vanilla``)
+REPLACED_LOSS_MODES = types.MappingProxyType({
+    "stapo_high_entropy": "s2t_high_entropy",
+    "stapo_random": "s2t_random",
+    "stapo_full_mask": "s2t_full",
+    "top_entropy": "top_entropy",
+})
+#: verl 0.9.1's ``actor.yaml`` default for ``policy_loss._target_``
+VERL_DEFAULT_TARGET = "verl.workers.config.PolicyLossConfig"
+_KEY = "actor_rollout_ref.actor.policy_loss"
+_ACTOR = "actor_rollout_ref.actor"
+#: the module whose successful import means the plugin's verl integration is installed in this process
+PLUGIN_MODULE = "stapo_verl.plugin"
+
+
+class StapoConfigError(ValueError):
+    """An invalid value; the message names the full config key and what is allowed."""
+
+
+class StapoNotRegisteredError(RuntimeError):
+    """The config asks for the plugin, but the plugin's verl integration is not loaded in this process."""
+
+
+def _not_loaded_message() -> str:
+    return (
+        f"{_KEY} asks for stapo-verl (loss_mode=stapo or a token_mask), but the plugin is not loaded in this "
+        "process. verl loads plugins through the 'verl.plugins' entry point and ignores import errors. Fix: "
+        "`pip install stapo-verl` (or `pip install -e <checkout>`) in the Python environment of EVERY node; do "
+        "not set VERL_USE_EXTERNAL_PLUGINS=none (or include 'stapo' in its list); run "
+        "`python -c 'import stapo_verl.plugin'` to see the import error."
+    )
+
+
+def require_plugin_loaded() -> None:
+    """Raise :class:`StapoNotRegisteredError` unless ``stapo_verl.plugin`` was imported in this process.
+
+    The plugin module installs the verl integration at import and raises if it cannot, so its presence in
+    ``sys.modules`` means the integration is in place. Checked wherever the config is built (driver and every
+    actor worker), because a worker where the entry point failed would otherwise train without the mask.
+    """
+    if PLUGIN_MODULE not in sys.modules:
+        raise StapoNotRegisteredError(_not_loaded_message())
+
+
+def _coerce_scalar(name: str, value, kind: type):
+    """``value`` as ``kind`` (float/int/bool/str), coercing numeric strings exactly; raise otherwise.
+
+    A quoted Hydra value (``tau_p='0.002'``) arrives as the string "0.002"; it is parsed with Python's
+    ``float``/``int``, the same literal Hydra parses unquoted. Booleans are never numbers and floats are never
+    truncated to ints.
+
+    Raises:
+        StapoConfigError: naming ``actor_rollout_ref.actor.policy_loss.<name>``, the value and the allowed type.
+    """
+
+    def fail(allowed: str):
+        raise StapoConfigError(f"{_KEY}.{name}={value!r} ({type(value).__name__}): allowed {allowed}")
+
+    if kind is bool:
+        return value if isinstance(value, bool) else fail("a bool (true/false, unquoted)")
+    if kind is str:
+        return value if isinstance(value, str) else fail("a string")
+    if isinstance(value, bool):
+        fail(f"a {kind.__name__} (a bool is not a number)")
+    if kind is float:
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        fail("a float or a numeric string such as '0.002'")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip(), 10)
+        except ValueError:
+            pass
+    fail("an int or an integer string such as '7' (no fractional part)")
+
+
+def _scalar_kind(annotation) -> tuple[type | None, bool]:
+    """(float/int/bool/str or None, whether None is allowed) for a dataclass field annotation."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args:
+        non_none = [a for a in args if a is not type(None)]
+        if len(non_none) == 1 and non_none[0] in (float, int, bool, str):
+            return non_none[0], True
+        return None, False
+    return (annotation, False) if annotation in (float, int, bool, str) else (None, False)
+
+
+def _check_range(name: str, value: float, ok: bool, allowed: str) -> None:
+    if not ok:
+        raise StapoConfigError(f"{_KEY}.{name}={value!r} is out of range: allowed {allowed}")
+
+
+@dataclass
+class StapoPolicyLossConfig(PolicyLossConfig):
+    """verl's ``PolicyLossConfig`` plus the policy-token-mask keys (built by Hydra through ``_target_``).
+
+    Instantiated on the driver (verl's ``validate_config``) and in every actor worker (``init_model``), so
+    ``__post_init__`` doubles as the per-process check that the plugin is loaded.
+
+    Attributes:
+        token_mask: name of a registered policy token mask applied to the policy-gradient term of any
+            ``loss_mode`` (``s2t``, ``s2t_high_entropy``, ``s2t_random``, ``s2t_full``, ``top_entropy``); None
+            for no mask. ``loss_mode=stapo`` sets it to ``s2t`` when unset.
+        tau_p: τ_p; a token is a candidate iff p < tau_p (strict). 0 < tau_p < 1; default 0.002 (paper §5).
+        entropy_quantile: q; τ_h = Quantile_q(P), linear interpolation. 0 < q ≤ 1; default 0.75 (paper §3).
+        stats_source: where p and H come from: ``old_policy`` (default; the old-log-prob pass of verl's v1
+            trainer, no extra forward) or ``current_minibatch`` (one no-grad forward of each optimizer mini-batch
+            with the current weights, the paper's Algorithm 1; +1 forward per mini-batch).
+        top_entropy_ratio: ρ of ``token_mask=top_entropy``: keep the ⌈ρ·N⌉ tokens of highest entropy.
+            0 < ρ ≤ 1; default 0.2.
+        random_mask_seed: seed of ``token_mask=s2t_random`` (mixed with the global step and mini-batch index).
+        dump_tokens: write the silenced tokens and as many kept candidates per step as JSONL
+            (:mod:`stapo_verl.minibatch.token_dump`); S2T-family masks only.
+        dump_dir: directory of the dump; ``""`` → the directory of ``$VERL_FILE_LOGGER_PATH`` when set, else
+            ``./stapo_tokens``.
+        dump_max_rows_per_step: cap of dumped rows per DP rank per step (≥ 1). Default 256.
+
+    Numeric keys (inherited ones included) accept numeric strings, coerced exactly.
+
+    Raises:
+        StapoConfigError: a value of the wrong type or out of range, an unknown ``token_mask``, a removed loss
+            mode or statistics source, or ``loss_mode=stapo`` with a non-S2T mask.
+        StapoNotRegisteredError: a mask or ``loss_mode=stapo`` is configured but the plugin is not loaded here.
+    """
+
+    token_mask: Optional[str] = None
+    tau_p: float = 0.002
+    entropy_quantile: float = 0.75
+    stats_source: str = "old_policy"
+    top_entropy_ratio: float = 0.2
+    random_mask_seed: int = 0
+    dump_tokens: bool = False
+    dump_dir: str = ""
+    dump_max_rows_per_step: int = 256
+
+    def _coerce_fields(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            kind, optional = _scalar_kind(hints.get(f.name))
+            value = getattr(self, f.name)
+            if kind is None or (optional and value is None):
+                continue
+            coerced = _coerce_scalar(f.name, value, kind)
+            if coerced is not value:
+                object.__setattr__(self, f.name, coerced)  # verl's BaseConfig freezes fields after __init__
+
+    def __post_init__(self):
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        self._coerce_fields()
+        if self.loss_mode in REPLACED_LOSS_MODES:
+            raise StapoConfigError(
+                f"{_KEY}.loss_mode={self.loss_mode!r} was replaced by a token mask that works with any loss: use "
+                f"{_KEY}.loss_mode=vanilla {_KEY}.token_mask={REPLACED_LOSS_MODES[self.loss_mode]}"
+            )
+        if self.loss_mode == "stapo":
+            if self.token_mask is None:
+                object.__setattr__(self, "token_mask", "s2t")
+            elif self.token_mask not in S2T_TOKEN_MASKS:
+                raise StapoConfigError(
+                    f"{_KEY}.loss_mode=stapo is verl's vanilla loss with an S2T mask; {_KEY}.token_mask="
+                    f"{self.token_mask!r} is not one (allowed {list(S2T_TOKEN_MASKS)}); for another mask use "
+                    "loss_mode=vanilla"
+                )
+        if self.token_mask is None:
+            return
+        require_plugin_loaded()
+        if self.token_mask not in POLICY_TOKEN_MASK_REGISTRY:
+            raise StapoConfigError(
+                f"{_KEY}.token_mask={self.token_mask!r}: allowed {sorted(POLICY_TOKEN_MASK_REGISTRY)} or null"
+            )
+        if self.stats_source == "current_micro_batch":
+            raise StapoConfigError(
+                f"{_KEY}.stats_source='current_micro_batch' was removed: it could not renormalise exactly (later "
+                "micro-batches' masks are unknown when a micro-batch's loss is computed). Use "
+                "stats_source=current_minibatch (the paper's current-policy statistics, exact) or old_policy"
+            )
+        if self.stats_source not in STATS_SOURCES:
+            raise StapoConfigError(f"{_KEY}.stats_source={self.stats_source!r}: allowed {list(STATS_SOURCES)}")
+        if self.token_mask in S2T_TOKEN_MASKS:
+            _check_range("tau_p", self.tau_p, 0.0 < self.tau_p < 1.0, "0 < tau_p < 1")
+            _check_range("entropy_quantile", self.entropy_quantile, 0.0 < self.entropy_quantile <= 1.0,
+                         "0 < entropy_quantile <= 1")
+        if self.token_mask == "top_entropy":
+            _check_range("top_entropy_ratio", self.top_entropy_ratio, 0.0 < self.top_entropy_ratio <= 1.0,
+                         "0 < top_entropy_ratio <= 1")
+        if self.dump_tokens:
+            if self.token_mask not in S2T_TOKEN_MASKS:
+                raise StapoConfigError(
+                    f"{_KEY}.dump_tokens=True dumps S2T candidates: it needs token_mask in {list(S2T_TOKEN_MASKS)} "
+                    f"(got {self.token_mask!r})"
+                )
+            _check_range("dump_max_rows_per_step", self.dump_max_rows_per_step, self.dump_max_rows_per_step >= 1,
+                         ">= 1")
+
+
+def stapo_target() -> str:
+    """The ``_target_`` that builds :class:`StapoPolicyLossConfig`."""
+    return f"{StapoPolicyLossConfig.__module__}.{StapoPolicyLossConfig.__qualname__}"
+
+
+def _node(cfg, dotted: str):
+    node = cfg
+    for part in dotted.split("."):
+        if node is None:
+            return None
+        try:
+            node = node.get(part, None) if hasattr(node, "get") else getattr(node, part, None)
+        except Exception:  # omegaconf struct errors on missing keys
+            return None
+    return node
+
+
+def _get(cfg, dotted: str, default=None):
+    value = _node(cfg, dotted)
+    return default if value is None else value
+
+
+def _is_stapo_config_class(target) -> bool:
+    """True if ``target`` imports as :class:`StapoPolicyLossConfig` or a subclass."""
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(target))
+    except Exception:  # not importable: the callers' errors name the value
+        return False
+    return isinstance(cls, type) and issubclass(cls, StapoPolicyLossConfig)
+
+
+def _resolve(target):
+    """The class ``target`` names (``hydra.utils.get_class``).
+
+    Raises:
+        StapoConfigError: ``target`` cannot be imported (the message names the value).
+    """
+    from hydra.utils import get_class
+
+    try:
+        return get_class(str(target))
+    except Exception as e:  # ImportError, AttributeError, hydra's ValueError all mean "not a usable class"
+        raise StapoConfigError(f"{_KEY}._target_={target!r} cannot be imported: {type(e).__name__}: {e}") from e
+
+
+def wants_plugin_config(policy_loss) -> bool:
+    """True if the ``policy_loss`` node asks for this plugin: ``loss_mode=stapo``, a replaced loss mode, or a mask."""
+    loss_mode = _get(policy_loss, "loss_mode", "vanilla")
+    return loss_mode == "stapo" or loss_mode in REPLACED_LOSS_MODES or _get(policy_loss, "token_mask") is not None
+
+
+def fill_policy_loss_target(config) -> bool:
+    """Point ``policy_loss._target_`` at :class:`StapoPolicyLossConfig` when the run asks for the plugin.
+
+    verl's ``actor.yaml`` says ``_target_: verl.workers.config.PolicyLossConfig``, which has no ``token_mask``.
+    When ``loss_mode=stapo`` or a ``token_mask`` is set and the target is still verl's, this rewrites that one
+    value in place, so every later ``omega_conf_to_dataclass`` (driver and workers) builds our class. A target the
+    user chose is left alone if it is our class or a subclass. Hydra cannot do this at composition time: a config
+    value cannot choose a defaults-list entry.
+
+    Args:
+        config: the full trainer config (OmegaConf ``DictConfig`` of ``ppo_trainer``); modified in place.
+
+    Returns:
+        True if ``_target_`` was written.
+
+    Raises:
+        StapoConfigError: the run asks for the plugin but ``_target_`` names another class.
+    """
+    pl = _node(config, _KEY)
+    if not isinstance(pl, DictConfig) or not wants_plugin_config(pl):
+        return False
+    target = pl.get("_target_", None)
+    if target == stapo_target() or _is_stapo_config_class(target):
+        return False
+    if target is not None and target != VERL_DEFAULT_TARGET and _resolve(target) is not PolicyLossConfig:
+        raise StapoConfigError(
+            f"{_KEY}.loss_mode={pl.get('loss_mode')}/token_mask={pl.get('token_mask', None)} needs "
+            f"{_KEY}._target_={stapo_target()} (or a subclass), got {target!r}. Remove the _target_ override "
+            "(the plugin sets it) or point it at that class."
+        )
+    with read_write(pl), open_dict(pl):
+        pl["_target_"] = stapo_target()
+    logger.info("%s: set _target_=%s", _KEY, stapo_target())
+    return True
+
+
+def validate_token_mask_config(config) -> None:
+    """Cross-key checks of a composed trainer config that uses a token mask or ``loss_mode=stapo``.
+
+    Args:
+        config: the full trainer config (OmegaConf ``DictConfig``), after :func:`fill_policy_loss_target`.
+
+    Raises:
+        StapoConfigError: ``_target_`` is not our config class; the mask's statistics need verl's v1 old-log-prob
+            pass (``trainer.use_v1=True``, ``algorithm.rollout_correction.bypass_mode=False``);
+            ``stats_source=current_minibatch`` with Megatron pipeline parallelism; distillation is enabled.
+        StapoNotRegisteredError: the plugin is not loaded in this process.
+    """
+    pl = _node(config, _KEY)
+    if pl is None or not wants_plugin_config(pl):
+        return
+    require_plugin_loaded()
+    target = _get(pl, "_target_", "")
+    if target != stapo_target() and not _is_stapo_config_class(target):
+        raise StapoConfigError(
+            f"{_KEY}: loss_mode={_get(pl, 'loss_mode')}, token_mask={_get(pl, 'token_mask')} need "
+            f"{_KEY}._target_={stapo_target()} (got {target!r})"
+        )
+    stats_source = _get(pl, "stats_source", "old_policy")
+    if not bool(_get(config, "trainer.use_v1", True)):
+        raise StapoConfigError(
+            "the token mask reads the old-log-prob pass (old_log_probs, entropy) of verl's v1 trainer: set "
+            "trainer.use_v1=True"
+        )
+    if bool(_get(config, "algorithm.rollout_correction.bypass_mode", False)):
+        raise StapoConfigError(
+            "the token mask needs verl's old-log-prob pass (old_log_probs and entropy), which "
+            "algorithm.rollout_correction.bypass_mode=True skips: set it to False"
+        )
+    if stats_source == "current_minibatch":
+        pp = int(_get(config, f"{_ACTOR}.megatron.pipeline_model_parallel_size", 1) or 1)
+        if _get(config, f"{_ACTOR}.strategy", "") == "megatron" and pp > 1:
+            raise StapoConfigError(
+                f"{_KEY}.stats_source=current_minibatch is not supported with {_ACTOR}.megatron."
+                f"pipeline_model_parallel_size={pp} (only the last pipeline stage holds the extra forward's "
+                "outputs): use stats_source=old_policy or pipeline_model_parallel_size=1"
+            )
+    if bool(_get(config, f"{_ACTOR}.calculate_entropy", False)):
+        logger.warning(
+            "%s.calculate_entropy=True is not needed by the token mask (it reads the old-log-prob pass's entropy); "
+            "it makes verl compute a gradient-carrying entropy in every training forward. Set it to False.",
+            _ACTOR,
+        )
+    if _get(config, "distillation.enabled", False):
+        raise StapoConfigError(
+            f"{_KEY}.token_mask is not supported with distillation.enabled=True: verl's distillation loss "
+            "(verl.trainer.distillation.losses) builds its policy-gradient term without the mask"
+        )
+    if float(_get(config, f"{_ACTOR}.entropy_coeff", 0.0) or 0.0) != 0.0:
+        logger.warning("STAPO is defined without an entropy bonus; %s.entropy_coeff is non-zero.", _ACTOR)

@@ -1,0 +1,233 @@
+"""Every touch of verl 0.9.1's private API, in one place: the ledger, the version gate, ``install()``.
+
+The plugin is a backport of an extension point verl does not have yet (a policy-token-mask registry, the mask
+pre-pass in ``TrainingWorker.train_batch``, ``ppo_loss`` applying the mask to the policy-gradient term; see
+``upstream/``). Until verl ships it, the plugin reaches into the private symbols listed in :data:`PATCHES`. Each
+entry says why, what upstream replaces it, when to remove it, and the fingerprint of the verl 0.9.1 symbol it was
+written against (signature; for a function whose body the plugin copies, the sha256 of its source).
+
+The gate (:func:`check_verl`) runs at plugin load, before anything is patched. It reads verl's version and the
+fingerprints from verl's source files (``ast``; nothing heavy is imported) and raises :class:`IncompatibleVerlError`
+naming the expected and the found version and the first symbol that differs. ``STAPO_ALLOW_UNSUPPORTED_VERL=1``
+lets someone who knows what they are doing proceed, with a loud warning.
+
+:class:`IncompatibleVerlError` derives from ``BaseException`` (like ``SystemExit``) on purpose: verl's plugin loader
+(the ``verl.plugins`` entry-point loop in ``verl/__init__.py``) catches every ``Exception`` and logs it at DEBUG
+level, which would turn a mismatch into a silently missing plugin.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+VERL_VERSION = "0.9.1"
+#: set to 1 to load the plugin on another verl version (the gate then only warns)
+ALLOW_ENV = "STAPO_ALLOW_UNSUPPORTED_VERL"
+
+
+class IncompatibleVerlError(BaseException):
+    """The installed verl is not the one the plugin's private-API patches were written for.
+
+    A ``BaseException`` so that verl's plugin loader, which catches ``Exception``, cannot hide it.
+    """
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One ledger entry.
+
+    Attributes:
+        symbol: dotted path of the patched verl symbol.
+        action: what the plugin does to it.
+        why: the reason.
+        upstream: what replaces it upstream (which PR of the series in ``upstream/``).
+        remove_when: when to delete the patch.
+        signature: the symbol's signature in verl 0.9.1 (``ast.unparse`` of its arguments and return), or for a
+            name bound by ``from … import``, that import statement.
+        source_sha256: sha256 of the symbol's source in verl 0.9.1, when the plugin copies or relies on its body.
+    """
+
+    symbol: str
+    action: str
+    why: str
+    upstream: str
+    remove_when: str
+    signature: str
+    source_sha256: str | None = None
+
+
+_REMOVE = "when the installed verl contains the upstream PR named here (then drop the plugin's backport)"
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        symbol="verl.workers.engine_workers.TrainingWorker.train_batch",
+        action="wrapped (training_worker.wrap_train_batch)",
+        why="run the policy token mask once per optimizer mini-batch, before the engine counts the mini-batch's "
+        "tokens (batch_num_tokens) and splits it into micro-batches; add the mask's metrics to the output",
+        upstream="PR A: TrainingWorker.train_batch calls the pre-pass registered with set_loss_fn(..., "
+        "pre_loss_fn=...); train_mini_batch passes mini_batch_index",
+        remove_when=_REMOVE,
+        signature="(self, data: TensorDict) -> TensorDict",
+    ),
+    Patch(
+        symbol="verl.workers.engine_workers.ppo_loss",
+        action="rebound to stapo_verl.core.losses.ppo_loss (training_worker.bind_ppo_loss)",
+        why="ActorRolloutRefWorker.init_model builds the actor's loss as partial(ppo_loss, config=...) from this "
+        "module-level name; the plugin's ppo_loss is verl 0.9.1's plus the mask on the policy-gradient term",
+        upstream="PR A: verl.workers.utils.losses.ppo_loss applies policy_loss_mask itself",
+        remove_when=_REMOVE,
+        signature="from verl.workers.utils.losses import ppo_loss",
+    ),
+    Patch(
+        symbol="verl.workers.utils.losses.ppo_loss",
+        action="copied (not patched): stapo_verl.core.losses.ppo_loss is this function plus the mask",
+        why="the copy must start from exactly this body, or the rebinding above would change verl's loss",
+        upstream="PR A changes this function the same way",
+        remove_when=_REMOVE,
+        signature="(config: ActorConfig, model_output, data: TensorDict, dp_group=None)",
+        source_sha256="d7a7f4ab82c8a092467633bb9951c45697f58f3abf4c47137a8bb80ee159bfa7",
+    ),
+    Patch(
+        symbol="verl.utils.config.validate_config",
+        action="wrapped (driver_config.wrap_validate_config)",
+        why="on the driver, before verl builds any config object: point policy_loss._target_ at the plugin's "
+        "config class when loss_mode=stapo or a token_mask is set, then check the keys the mask depends on",
+        upstream="PR A adds token_mask to PolicyLossConfig (no _target_ needed) and checks it in "
+        "validate_config; PR B validates the S2T keys in PolicyLossConfig",
+        remove_when=_REMOVE,
+        signature="(config: DictConfig, use_reference_policy: bool, use_critic: bool) -> None",
+    ),
+    Patch(
+        symbol="verl.trainer.main_ppo.run_ppo",
+        action="wrapped (driver_config.wrap_run_ppo)",
+        why="the same _target_ fill for entry points that call run_ppo without validate_config on the driver "
+        "(e.g. verl.experimental.fully_async_policy)",
+        upstream="PR A (as validate_config)",
+        remove_when=_REMOVE,
+        signature="(config, task_runner_class) -> None",
+    ),
+)
+
+
+def _verl_root() -> str:
+    import verl
+
+    return os.path.dirname(os.path.abspath(verl.__file__))
+
+
+def installed_verl_version() -> str:
+    """verl's own version string (``verl/version/version``, what ``verl.__version__`` reads)."""
+    with open(os.path.join(_verl_root(), "version", "version"), encoding="utf-8") as f:
+        return f.read().strip()
+
+
+def fingerprint(symbol: str) -> tuple[str | None, str | None]:
+    """``(signature, source sha256)`` of a verl symbol, read from verl's source with ``ast`` (nothing imported).
+
+    Returns ``(None, None)`` when the module or the symbol does not exist. A name bound by ``from … import`` gives
+    that import statement as its signature and no hash.
+    """
+    root = os.path.dirname(_verl_root())
+    parts = symbol.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        path = os.path.join(root, *parts[:i]) + ".py"
+        if os.path.isfile(path):
+            break
+    else:
+        return None, None
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    node: ast.AST = ast.parse(source)
+    for name in parts[i:]:
+        found = None
+        for child in getattr(node, "body", []):
+            if getattr(child, "name", None) == name:
+                found = child
+            elif isinstance(child, ast.ImportFrom) and any((a.asname or a.name) == name for a in child.names):
+                return f"from {child.module} import {name}", None
+        if found is None:
+            return None, None
+        node = found
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None, None
+    signature = f"({ast.unparse(node.args)})" + (f" -> {ast.unparse(node.returns)}" if node.returns else "")
+    digest = hashlib.sha256(ast.get_source_segment(source, node).encode("utf-8")).hexdigest()
+    return signature, digest
+
+
+def mismatches() -> list[str]:
+    """Every difference between the installed verl and what :data:`PATCHES` was written for, in ledger order.
+
+    The version comes first when it differs; then one line per symbol whose signature or source differs.
+    """
+    problems = []
+    found = installed_verl_version()
+    if found != VERL_VERSION:
+        problems.append(f"verl {found} is installed; stapo-verl's integration is written for verl {VERL_VERSION}")
+    for patch in PATCHES:
+        signature, digest = fingerprint(patch.symbol)
+        if signature is None:
+            problems.append(f"{patch.symbol}: not found")
+        elif signature != patch.signature:
+            problems.append(f"{patch.symbol}: signature {signature!r}, expected {patch.signature!r}")
+        elif patch.source_sha256 is not None and digest != patch.source_sha256:
+            problems.append(f"{patch.symbol}: source differs from verl {VERL_VERSION}'s (sha256 {digest[:12]}…)")
+    return problems
+
+
+def check_verl() -> None:
+    """The install-time gate: raise unless the installed verl matches :data:`PATCHES`.
+
+    Raises:
+        IncompatibleVerlError: the version or a fingerprint differs and ``STAPO_ALLOW_UNSUPPORTED_VERL`` is not
+            ``1``; the message names the expected and found version and the first symbol that differs.
+    """
+    problems = mismatches()
+    if not problems:
+        return
+    symbols = [p for p in problems if not p.startswith("verl ")]
+    message = (
+        f"stapo-verl {_plugin_version()} needs verl=={VERL_VERSION}; found verl {installed_verl_version()}"
+        + (f"; first differing symbol: {symbols[0]}" if symbols else "")
+        + f". Install verl=={VERL_VERSION}, or uninstall stapo-verl, or disable plugins for this run "
+        f"(VERL_USE_EXTERNAL_PLUGINS=none). To load anyway, at your own risk: {ALLOW_ENV}=1."
+    )
+    if os.environ.get(ALLOW_ENV, "") == "1":
+        warnings.warn(f"{message} Proceeding because {ALLOW_ENV}=1. All differences: {problems}", stacklevel=2)
+        logger.warning("%s Proceeding because %s=1.", message, ALLOW_ENV)
+        return
+    raise IncompatibleVerlError(message)
+
+
+def _plugin_version() -> str:
+    from stapo_verl import __version__
+
+    return __version__
+
+
+def install() -> None:
+    """Check verl (:func:`check_verl`), then install every patch of :data:`PATCHES` (idempotent).
+
+    Eager: the ``validate_config`` wrapper and the Hydra options. Lazy (post-import hooks, so loading the plugin
+    imports neither the worker stack nor ``main_ppo``): the ``TrainingWorker`` and ``ppo_loss`` patches, the
+    ``run_ppo`` wrapper.
+
+    Raises:
+        IncompatibleVerlError: see :func:`check_verl`.
+    """
+    check_verl()
+    from stapo_verl.core import hydra_options, masks  # noqa: F401  (masks: registers the masks and loss_mode=stapo)
+    from stapo_verl.integration.post_import import when_imported
+    from stapo_verl.integration.verl_0_9_1 import driver_config, training_worker
+
+    driver_config.install_validate_config()
+    when_imported("verl.trainer.main_ppo", driver_config.patch_main_ppo)
+    when_imported("verl.workers.engine_workers", training_worker.patch_engine_workers)
+    hydra_options.register()

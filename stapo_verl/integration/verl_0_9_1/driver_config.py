@@ -1,0 +1,55 @@
+"""Driver-side patches: ``verl.utils.config.validate_config`` and ``verl.trainer.main_ppo.run_ppo``.
+
+Both run :func:`stapo_verl.core.config.fill_policy_loss_target` on the composed trainer config before verl builds
+any config object from it (``validate_config`` additionally runs the cross-key checks). ``main_ppo.main`` calls
+``validate_config`` on the same ``DictConfig`` it then hands to ``run_ppo``, so the filled ``_target_`` is what Ray
+ships to the TaskRunner and the workers. Ledger entries: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from stapo_verl.core.config import fill_policy_loss_target, validate_token_mask_config
+
+_MARK = "__stapo_integration__"
+
+
+def wrap_validate_config(orig):
+    """``validate_config`` that fills ``_target_`` and checks the token-mask keys before ``orig``."""
+
+    @functools.wraps(orig)
+    def validate_config(config, *args, **kwargs):
+        fill_policy_loss_target(config)
+        validate_token_mask_config(config)
+        return orig(config, *args, **kwargs)
+
+    setattr(validate_config, _MARK, True)
+    return validate_config
+
+
+def wrap_run_ppo(orig):
+    """``run_ppo(config, task_runner_class)`` that fills ``_target_`` before Ray ships ``config``."""
+
+    @functools.wraps(orig)
+    def run_ppo(config, *args, **kwargs):
+        fill_policy_loss_target(config)
+        return orig(config, *args, **kwargs)
+
+    setattr(run_ppo, _MARK, True)
+    return run_ppo
+
+
+def install_validate_config() -> None:
+    """Wrap ``verl.utils.config.validate_config`` (idempotent). Runs inside ``import verl``, before
+    ``verl.trainer.main_ppo`` binds the name with ``from verl.utils.config import validate_config``."""
+    import verl.utils.config as verl_config
+
+    if not getattr(verl_config.validate_config, _MARK, False):
+        verl_config.validate_config = wrap_validate_config(verl_config.validate_config)
+
+
+def patch_main_ppo(module) -> None:
+    """Post-import hook of ``verl.trainer.main_ppo``: wrap its ``run_ppo`` (idempotent)."""
+    if not getattr(module.run_ppo, _MARK, False):
+        module.run_ppo = wrap_run_ppo(module.run_ppo)

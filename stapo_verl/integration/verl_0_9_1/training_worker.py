@@ -1,0 +1,208 @@
+"""Worker-side patches of ``verl.workers.engine_workers`` (ledger: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
+
+* ``ppo_loss`` (the name ``ActorRolloutRefWorker.init_model`` builds the actor's loss from) is rebound to
+  :func:`stapo_verl.core.losses.ppo_loss`, verl's function plus the mask on the policy-gradient term.
+* ``TrainingWorker.train_batch`` (one optimizer mini-batch) is wrapped: when the actor's ``policy_loss.token_mask``
+  is set, :func:`stapo_verl.core.losses.apply_policy_token_mask` runs on the mini-batch before verl's body (so
+  before the engine counts tokens), with the current policy's statistics when ``stats_source=current_minibatch``;
+  the silenced tokens are dumped when ``dump_tokens`` is set; the mask's metrics join the output.
+
+What verl would pass through ``train_mini_batch`` upstream (the mini-batch index within the step) is kept on the
+worker instance in a :class:`MiniBatchCursor`: the index counts ``train_batch`` calls since the last mini-batch that
+verl flagged ``update_lr_scheduler`` (the last of each ``train_mini_batch`` call), which is exactly
+``train_mini_batch``'s loop index.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from stapo_verl.core import losses as core_losses
+from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
+from stapo_verl.core.masks import S2T_FIELDS, global_step_of
+
+_MARK = "__stapo_integration__"
+
+
+class TokenMaskIntegrationError(RuntimeError):
+    """A token mask is configured, but this worker cannot apply it (e.g. its loss is not the masked ppo_loss)."""
+
+
+@dataclass
+class MiniBatchCursor:
+    """Where a worker is within verl's update: the mini-batch index in the step and the dump rows of the step.
+
+    Attributes:
+        index: the index the next ``train_batch`` call gets (0-based; counts over ``ppo_epochs``).
+        step: the global step of the last mini-batch (None before the first).
+        rows_dumped: token-dump rows written for ``step`` on this rank.
+    """
+
+    index: int = 0
+    step: int | None = None
+    rows_dumped: int = 0
+
+    def enter(self, step: int) -> int:
+        """Start a mini-batch of ``step``; returns its index."""
+        if step != self.step:
+            self.step, self.rows_dumped = step, 0
+        return self.index
+
+    def leave(self, last_of_update: bool) -> None:
+        """Finish the mini-batch; the index restarts after the last mini-batch of an update."""
+        self.index = 0 if last_of_update else self.index + 1
+
+
+def actor_config_of(loss_fn):
+    """The actor config a worker's loss function was built with (``partial(..., config=...)``), or None."""
+    config = getattr(loss_fn, "keywords", {}).get("config") if loss_fn is not None else None
+    return config if hasattr(config, "policy_loss") else None
+
+
+def infer_keys(worker) -> dict:
+    """The engine keys ``TrainingWorker.infer_batch`` injects (verl ``verl.workers.engine_workers``)."""
+    ec = worker.engine_config
+    return dict(
+        use_remove_padding=worker.model_config.get("use_remove_padding", False),
+        use_dynamic_bsz=ec.use_dynamic_bsz,
+        max_token_len_per_gpu=ec.infer_max_token_len_per_gpu,
+        micro_batch_size_per_gpu=ec.infer_micro_batch_size_per_gpu,
+        use_fused_kernels=ec.use_fused_kernels,
+    )
+
+
+def _padded(value: torch.Tensor) -> torch.Tensor:
+    return value.to_padded_tensor(0) if value.is_nested else value
+
+
+def _current_minibatch_mask(worker, config, data, dp_group) -> dict:
+    """The mask from the current policy's log-prob and entropy; also the old-policy mask, for a diagnostic."""
+    from stapo_verl.minibatch.current_policy import as_response_layout, current_policy_statistics
+
+    log_prob, entropy, seconds = current_policy_statistics(worker.engine, data, infer_keys(worker))
+    current = data.copy()
+    current["old_log_probs"] = as_response_layout(log_prob, data["old_log_probs"])
+    current["entropy"] = as_response_layout(entropy, data["entropy"])
+    metrics = apply_policy_token_mask(config, current, dp_group)
+    old = data.copy()
+    apply_policy_token_mask(config, old, dp_group)
+    valid = _padded(data["response_mask"]).bool()
+    differ = ((_padded(current[POLICY_LOSS_MASK_KEY]) != _padded(old[POLICY_LOSS_MASK_KEY])) & valid).sum()
+    counts = torch.stack([differ, valid.sum()]).double()
+    from stapo_verl.algo.s2t import _sum_over_group
+
+    counts = _sum_over_group(counts, dp_group).cpu()
+    data[POLICY_LOSS_MASK_KEY] = current[POLICY_LOSS_MASK_KEY]
+    from verl.utils import tensordict_utils as tu
+
+    tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: tu.get(current, POLICY_BATCH_NUM_TOKENS_KEY)})
+    metrics.update({
+        "actor/stapo/mask_disagreement": float(counts[0]),
+        "actor/stapo/mask_disagreement_frac": float(counts[0]) / max(float(counts[1]), 1.0),
+        "actor/stapo/current_forward_s": seconds,
+    })
+    return metrics, current
+
+
+def _is_dump_writer(engine) -> bool:
+    """One writer per DP rank: Megatron TP rank 0, CP rank 0, last PP stage; FSDP: the rank with outputs."""
+    if "megatron" in type(engine).__module__:
+        from megatron.core import parallel_state as mpu
+
+        return (
+            mpu.get_tensor_model_parallel_rank() == 0
+            and mpu.get_context_parallel_rank() == 0
+            and mpu.get_pipeline_model_parallel_rank() == mpu.get_pipeline_model_parallel_world_size() - 1
+        )
+    return bool(engine.is_mp_src_rank_with_outputs())
+
+
+def _tokenizer(worker):
+    tok = getattr(getattr(worker, "model_config", None), "tokenizer", None)
+    if tok is None:
+        tok = getattr(worker, "_stapo_tokenizer", None)
+    if tok is None:
+        from transformers import AutoTokenizer
+
+        mc = worker.model_config
+        path = getattr(mc, "local_tokenizer_path", None) or getattr(mc, "local_path", None) or mc.path
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=bool(getattr(mc, "trust_remote_code", False)))
+        worker._stapo_tokenizer = tok
+    return tok
+
+
+def _dump(worker, config, data, masked, metrics, step, index, cursor) -> None:
+    from stapo_verl.minibatch.token_dump import dump_minibatch_tokens
+
+    pl = config.policy_loss
+    if not (pl.dump_tokens and _is_dump_writer(worker.engine)):
+        return
+    batch = {key: _padded(masked[key]) for key in S2T_FIELDS}
+    cursor.rows_dumped += dump_minibatch_tokens(
+        data, batch, _padded(masked[POLICY_LOSS_MASK_KEY]), config=config, step=step, minibatch=index,
+        dp_rank=worker.engine.get_data_parallel_rank(), tokenizer=_tokenizer(worker),
+        budget=pl.dump_max_rows_per_step - cursor.rows_dumped, tau_h=metrics.get("actor/stapo/tau_h"),
+    )
+
+
+def wrap_train_batch(orig):
+    """The ``TrainingWorker.train_batch`` replacement (see the module docstring)."""
+
+    @functools.wraps(orig)
+    def train_batch(self, data):
+        config = actor_config_of(self.loss_fn)
+        if config is None or config.policy_loss.get("token_mask", None) is None:
+            return orig(self, data)
+        if getattr(self.loss_fn, "func", None) is not core_losses.ppo_loss:
+            raise TokenMaskIntegrationError(
+                f"actor.policy_loss.token_mask={config.policy_loss.token_mask!r} is set, but this worker's loss "
+                f"function is {getattr(self.loss_fn, 'func', self.loss_fn)!r}, not stapo_verl.core.losses.ppo_loss "
+                "(distillation, or a verl whose ActorRolloutRefWorker.init_model no longer builds the loss from "
+                "verl.workers.engine_workers.ppo_loss); the mask would not be applied"
+            )
+        from verl.utils import tensordict_utils as tu
+
+        cursor = self.__dict__.setdefault("_stapo_cursor", MiniBatchCursor())
+        step = global_step_of(tu.get(data, "global_steps")) if "global_steps" in data.keys() else 0
+        index = cursor.enter(step)
+        if "global_steps" not in data.keys():
+            tu.assign_non_tensor(data, global_steps=step)
+        tu.assign_non_tensor(data, mini_batch_index=index)
+        dp_group = self.engine.get_data_parallel_group()
+        if config.policy_loss.stats_source == "current_minibatch":
+            metrics, masked = _current_minibatch_mask(self, config, data, dp_group)
+        else:
+            metrics, masked = apply_policy_token_mask(config, data, dp_group), data
+        _dump(self, config, data, masked, metrics, step, index, cursor)
+        try:
+            output = orig(self, data)
+        finally:
+            cursor.leave(bool(tu.get(data, "update_lr_scheduler", default=False)))
+        if output is not None:
+            output_metrics = tu.get(output, "metrics")
+            output_metrics.update(metrics)
+            tu.assign_non_tensor(output, metrics=output_metrics)
+        return output
+
+    setattr(train_batch, _MARK, True)
+    return train_batch
+
+
+def patch_engine_workers(module) -> None:
+    """Post-import hook of ``verl.workers.engine_workers``: rebind ``ppo_loss``, wrap ``train_batch`` (idempotent)."""
+    module.ppo_loss = core_losses.ppo_loss
+    cls = module.TrainingWorker
+    if not getattr(cls.train_batch, _MARK, False):
+        cls.train_batch = wrap_train_batch(cls.train_batch)
+
+
+def is_installed() -> bool:
+    """True if this process's ``verl.workers.engine_workers`` carries the patches (imports that module)."""
+    import verl.workers.engine_workers as engine_workers
+
+    return engine_workers.ppo_loss is core_losses.ppo_loss and getattr(
+        engine_workers.TrainingWorker.train_batch, _MARK, False
+    )

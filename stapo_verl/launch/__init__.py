@@ -1,0 +1,1 @@
+"""What the recipes call: the ``--dry-run`` of a recipe and the stop-token derivation."""

@@ -1,0 +1,251 @@
+"""Silenced-token dump: the tokens S2T silences each step, plus as many kept candidates for contrast, as JSONL.
+
+Written by the plugin's ``TrainingWorker.train_batch`` wrapper right after the mini-batch mask is computed, when
+``actor_rollout_ref.actor.policy_loss.dump_tokens=True`` (:func:`dump_minibatch_tokens`). One writer per DP rank (FSDP: every rank, Ulysses SP
+rank 0; Megatron: TP rank 0, CP rank 0, last PP stage), appending to ``<dump_dir>/stapo_tokens.dp{rank}.jsonl``.
+
+Schema (one JSON object per line; read by :mod:`stapo_verl.plots` — do not rename):
+
+=============  =====================================================================================
+step           int, verl global step
+minibatch      int, optimizer mini-batch index within the step (0-based, over ``ppo_epochs``)
+dp_rank        int, data-parallel rank that wrote the row
+sample_index   int, row of the sample within this rank's mini-batch
+position       int, response position (0 = first response token)
+token_id       int
+token          str, ``tokenizer.decode([token_id])``
+context        str, decoded ±8 response tokens around it, the token wrapped as ``⟦token⟧``
+p              float, probability of the token under the statistics' policy
+entropy        float, entropy in nats at that position
+advantage      float, Â of the sample
+tau_h          float or null, τ_h of the mini-batch (null when the mode uses none)
+tau_p          float
+kind           "silenced" (in P, masked) or "kept" (in P, not masked; uniform sample, as many as silenced)
+loss_mode      str
+stats_source   str, the configured ``stats_source``
+=============  =====================================================================================
+
+Cost: the selection is one ``nonzero`` over the boolean masks (on the device) and a gather of the chosen rows;
+decoding and JSON touch only the dumped rows (≤ ``dump_max_rows_per_step`` per rank per step), so the cost is
+O(silenced tokens), not O(tokens). The JSONL follows verl's file logger convention (one JSON object per line).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from stapo_verl.algo.s2t import candidate_mask
+from stapo_verl.core.config import StapoConfigError
+
+CONTEXT_TOKENS = 8
+DEFAULT_SUBDIR = "stapo_tokens"
+SCHEMA = (
+    "step", "minibatch", "dp_rank", "sample_index", "position", "token_id", "token", "context", "p", "entropy",
+    "advantage", "tau_h", "tau_p", "kind", "loss_mode", "stats_source",
+)
+
+
+def resolve_dump_dir(dump_dir: str) -> str:
+    """Absolute dump directory for ``policy_loss.dump_dir`` (see :class:`stapo_verl.core.config.StapoPolicyLossConfig`).
+
+    ``""`` → the directory of ``$VERL_FILE_LOGGER_PATH`` (verl's file logger target, i.e. the run directory of
+    the recipes) when it is set, else ``./stapo_tokens`` relative to this process's working directory.
+    """
+    if dump_dir:
+        return os.path.abspath(os.path.expanduser(dump_dir))
+    logger_path = os.environ.get("VERL_FILE_LOGGER_PATH", "")
+    if logger_path:
+        return os.path.dirname(os.path.abspath(logger_path))
+    return os.path.abspath(DEFAULT_SUBDIR)
+
+
+def dump_path(dump_dir: str, dp_rank: int) -> str:
+    """``<resolved dump_dir>/stapo_tokens.dp{dp_rank}.jsonl``, with the directory created and writable.
+
+    Raises:
+        StapoConfigError: the directory cannot be created or written (names ``policy_loss.dump_dir``).
+    """
+    d = resolve_dump_dir(dump_dir)
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise StapoConfigError(
+            f"actor_rollout_ref.actor.policy_loss.dump_dir={dump_dir!r} (resolved {d!r}) cannot be created: {e}"
+        ) from e
+    if not os.access(d, os.W_OK):
+        raise StapoConfigError(
+            f"actor_rollout_ref.actor.policy_loss.dump_dir={dump_dir!r} (resolved {d!r}) is not writable"
+        )
+    return os.path.join(d, f"stapo_tokens.dp{dp_rank}.jsonl")
+
+
+def select_rows(
+    silenced: torch.Tensor, kept_candidates: torch.Tensor, budget: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Choose the dumped (row, position) pairs: silenced first, then as many kept candidates, within ``budget``.
+
+    Args:
+        silenced, kept_candidates: (bs, T) bool (disjoint).
+        budget: rows still allowed this step on this rank (≥ 0).
+        generator: CPU generator; uniform draws without replacement when a set exceeds its share.
+    Returns:
+        (silenced_idx (n, 2) int64, kept_idx (m, 2) int64) on the CPU, with n = min(#silenced, budget) and
+        m = min(n, #kept candidates, budget − n).
+    """
+    sil = silenced.nonzero().cpu()
+    n = min(sil.shape[0], max(budget, 0))
+    if n < sil.shape[0]:
+        sil = sil[torch.randperm(sil.shape[0], generator=generator)[:n].sort().values]
+    m = min(n, max(budget - n, 0))
+    if m == 0:
+        return sil, torch.zeros((0, 2), dtype=torch.int64)
+    kept = kept_candidates.nonzero().cpu()
+    if m < kept.shape[0]:
+        kept = kept[torch.randperm(kept.shape[0], generator=generator)[:m].sort().values]
+    return sil, kept
+
+
+def context_strings(tokenizer, window: list[int], pos: int, width: int = CONTEXT_TOKENS) -> tuple[str, str]:
+    """(decoded token, decoded context with the token wrapped as ⟦token⟧) for ``window[pos]``.
+
+    ``window`` holds the response ids from ``max(0, t − width)`` to ``t + width`` (clipped at the response end)
+    and ``pos`` is the token's index in it, so at most ``2·width + 1`` ids are decoded.
+    """
+    tok = tokenizer.decode([window[pos]])
+    left = tokenizer.decode(window[max(0, pos - width) : pos])
+    right = tokenizer.decode(window[pos + 1 : pos + 1 + width])
+    return tok, f"{left}⟦{tok}⟧{right}"
+
+
+@dataclass
+class DumpContext:
+    """Everything a row needs besides the per-token values (constant over one mini-batch)."""
+
+    step: int
+    minibatch: int
+    dp_rank: int
+    tau_h: float | None
+    tau_p: float
+    loss_mode: str
+    stats_source: str
+
+
+def build_rows(
+    ctx: DumpContext,
+    tokenizer,
+    response_ids,
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    advantages: torch.Tensor,
+    silenced_idx: torch.Tensor,
+    kept_idx: torch.Tensor,
+) -> list[dict]:
+    """JSON-ready rows (schema :data:`SCHEMA`) for the chosen indices.
+
+    Args:
+        ctx: mini-batch constants. tokenizer: HF tokenizer (``decode``).
+        response_ids: callable ``(i, lo, hi) -> list[int]``, response token ids ``lo:hi`` of sample i (clipped
+            at its end), from :func:`response_id_getter`.
+        log_prob, entropy, advantages: (bs, T) float, the statistics the mask used.
+        silenced_idx, kept_idx: (n, 2) int64 (sample, position), from :func:`select_rows`.
+    """
+    rows = []
+    for kind, idx in (("silenced", silenced_idx), ("kept", kept_idx)):
+        if idx.numel() == 0:
+            continue
+        dev = log_prob.device
+        i_dev, t_dev = idx[:, 0].to(dev), idx[:, 1].to(dev)
+        lp = log_prob[i_dev, t_dev].double().cpu().tolist()
+        ent = entropy[i_dev, t_dev].double().cpu().tolist()
+        adv = advantages[i_dev, t_dev].double().cpu().tolist()
+        for (i, t), lp_v, h_v, a_v in zip(idx.tolist(), lp, ent, adv, strict=True):
+            lo = max(0, t - CONTEXT_TOKENS)
+            window = response_ids(i, lo, t + CONTEXT_TOKENS + 1)  # only the ±8 window: O(rows), not O(tokens)
+            tok, context = context_strings(tokenizer, window, t - lo)
+            rows.append({
+                "step": int(ctx.step), "minibatch": int(ctx.minibatch), "dp_rank": int(ctx.dp_rank),
+                "sample_index": int(i), "position": int(t), "token_id": int(window[t - lo]), "token": tok,
+                "context": context, "p": math.exp(lp_v), "entropy": h_v,
+                "advantage": a_v, "tau_h": None if ctx.tau_h is None else float(ctx.tau_h),
+                "tau_p": float(ctx.tau_p), "kind": kind, "loss_mode": ctx.loss_mode,
+                "stats_source": ctx.stats_source,
+            })
+    return rows
+
+
+def append_jsonl(path: str, rows: list[dict]) -> None:
+    """Append rows to ``path`` (one ``json.dumps`` line each, UTF-8, no ASCII escaping)."""
+    if not rows:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def response_id_getter(data, valid: torch.Tensor):
+    """``(i, lo, hi) -> list[int]``: response token ids ``lo:hi`` of sample i (clipped at its length).
+
+    Uses ``responses`` (nested/jagged as TransferQueue delivers it, or padded (bs, T)); without it, the last
+    ``len_i`` tokens of the nested ``input_ids`` (no-padding layout), ``len_i`` = Σ ``valid[i]`` (bs, T).
+    Only the requested slice is copied to the host.
+
+    Raises:
+        KeyError: neither ``responses`` nor nested ``input_ids`` is in ``data``.
+    """
+    lens = valid.sum(-1).cpu().tolist()
+    keys = set(data.keys())
+    if "responses" in keys and data["responses"].is_nested:
+        r = data["responses"]
+        vals, offs = r.values(), r.offsets().cpu().tolist()
+        return lambda i, lo, hi: vals[offs[i] + lo : min(offs[i] + hi, offs[i + 1])].tolist()
+    if "responses" in keys:
+        r = data["responses"]
+        return lambda i, lo, hi: r[i, lo : min(hi, int(lens[i]))].tolist()
+    if "input_ids" in keys and data["input_ids"].is_nested:
+        x = data["input_ids"]
+        vals, offs = x.values(), x.offsets().cpu().tolist()
+
+        def ids(i, lo, hi):
+            start = offs[i + 1] - int(lens[i])
+            return vals[start + lo : min(start + hi, offs[i + 1])].tolist()
+
+        return ids
+    raise KeyError("the token dump needs the mini-batch field 'responses' (or nested 'input_ids')")
+
+
+def dump_minibatch_tokens(data, batch: dict, keep: torch.Tensor, *, config, step: int, minibatch: int, dp_rank: int,
+                          tokenizer, budget: int, tau_h: float | None) -> int:
+    """Append this rank's rows for one optimizer mini-batch; returns the number of rows written.
+
+    Silenced = candidates ∧ ¬K; kept contrast = candidates ∧ K, uniformly sampled, as many as silenced rows; at most
+    ``budget`` rows (silenced first). The draw is seeded by (step, mini-batch, DP rank), so reruns dump the same rows.
+
+    Args:
+        data: the mini-batch TensorDict (for the response token ids).
+        batch: the padded (bs, T) fields the mask read: ``old_log_probs``, ``entropy``, ``advantages``,
+            ``response_mask``. keep: (bs, T) bool, the mask's keep decision (``policy_loss_mask``).
+        config: actor config (``policy_loss``: ``tau_p``, ``loss_mode``, ``token_mask``, ``stats_source``,
+            ``dump_dir``). step, minibatch, dp_rank: where the rows come from. tokenizer: HF tokenizer.
+        budget: rows still allowed this step on this rank. tau_h: τ_h of the mini-batch, or None.
+    """
+    if budget <= 0:
+        return 0
+    pl = config.policy_loss
+    valid = batch["response_mask"].bool()
+    lp, ent, adv = batch["old_log_probs"], batch["entropy"], batch["advantages"]
+    keep = keep.bool().to(valid.device)
+    cand, _ = candidate_mask(lp, ent, adv, valid, pl.tau_p)
+    generator = torch.Generator().manual_seed((int(step) * 1_000_003 + int(minibatch)) * 4099 + int(dp_rank))
+    sil_idx, kept_idx = select_rows(cand & ~keep, cand & keep, budget, generator)
+    if sil_idx.numel() == 0 and kept_idx.numel() == 0:
+        return 0
+    ctx = DumpContext(step=step, minibatch=minibatch, dp_rank=dp_rank, tau_h=tau_h, tau_p=pl.tau_p,
+                      loss_mode=pl.loss_mode, stats_source=pl.stats_source)
+    rows = build_rows(ctx, tokenizer, response_id_getter(data, valid), lp.float(), ent.float(), adv.float(),
+                      sil_idx, kept_idx)
+    append_jsonl(dump_path(pl.dump_dir, dp_rank), rows)
+    return len(rows)

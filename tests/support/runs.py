@@ -1,0 +1,48 @@
+"""Running the tiny recipes from tests and reading what a run leaves in its run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from support.procs import REPO
+
+#: Hydra overrides that shrink the tiny run for tests: 8 prompts x 4 samples a step, 32 validation rows, n = 1.
+SMALL = [
+    "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
+    "data.val_max_samples=32", "actor_rollout_ref.rollout.val_kwargs.n=1", "trainer.val_before_train=False",
+]
+
+
+def run_recipe(script: str, run_dir: Path, *overrides: str, timeout: int = 600,
+               **env: str) -> subprocess.CompletedProcess:
+    """``bash recipes/<script> <overrides>`` with ``STAPO_RUN_DIR=run_dir`` (and ``env``), output captured."""
+    return subprocess.run(["bash", str(REPO / "recipes" / script), *overrides], cwd=REPO,
+                          env={**os.environ, "STAPO_RUN_DIR": str(run_dir), **env},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def failure_text(run_dir: Path, proc: subprocess.CompletedProcess) -> str:
+    """What to show when a run failed: the end of its train.log (or stdout) and of its stderr."""
+    log = run_dir / "train.log"
+    text = log.read_text(errors="replace") if log.exists() else proc.stdout
+    return text[-6000:] + "\n--- stderr ---\n" + proc.stderr[-3000:]
+
+
+def metrics_by_step(path: Path) -> dict[int, dict]:
+    """verl's ``file`` logger JSONL (``{"step": n, "data": {...}}`` lines), merged per step."""
+    out: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            out.setdefault(rec["step"], {}).update(rec["data"])
+    return out
+
+
+def run_config(run_dir: Path):
+    """The config ``main_ppo`` ran with: Hydra's ``.hydra/config.yaml`` (the recipes set ``hydra.run.dir``)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(run_dir / "hydra" / ".hydra" / "config.yaml")

@@ -1,0 +1,81 @@
+"""``StapoPolicyLossConfig``: the one flag, mask selection, range checks and exact coercion, naming the key."""
+
+import pytest
+from omegaconf import OmegaConf
+from verl.utils.config import omega_conf_to_dataclass
+
+from stapo_verl.core.config import REPLACED_LOSS_MODES, StapoConfigError, StapoPolicyLossConfig, stapo_target
+from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
+
+
+def test_loss_mode_stapo_is_vanilla_plus_s2t():
+    assert StapoPolicyLossConfig(loss_mode="stapo").token_mask == "s2t"
+    assert StapoPolicyLossConfig(loss_mode="stapo", token_mask="s2t_random").token_mask == "s2t_random"
+    with pytest.raises(StapoConfigError, match=r"token_mask='top_entropy' is not one"):
+        StapoPolicyLossConfig(loss_mode="stapo", token_mask="top_entropy")
+
+
+def test_no_mask_means_no_plugin_behaviour_and_no_checks():
+    pl = StapoPolicyLossConfig(loss_mode="cispo", tau_p=5.0)  # unused keys are not validated without a mask
+    assert pl.token_mask is None
+
+
+@pytest.mark.parametrize("old", sorted(REPLACED_LOSS_MODES))
+def test_replaced_loss_modes_point_at_their_token_mask(old):
+    with pytest.raises(StapoConfigError, match=f"token_mask={REPLACED_LOSS_MODES[old]}"):
+        StapoPolicyLossConfig(loss_mode=old)
+
+
+def test_unknown_mask_lists_the_registered_ones():
+    with pytest.raises(StapoConfigError, match=r"token_mask='s2x'.*allowed \['s2t'") as err:
+        StapoPolicyLossConfig(loss_mode="vanilla", token_mask="s2x")
+    assert all(name in str(err.value) for name in POLICY_TOKEN_MASK_REGISTRY)
+
+
+def test_removed_statistics_source_says_what_replaces_it():
+    with pytest.raises(StapoConfigError, match="current_micro_batch' was removed.*current_minibatch"):
+        StapoPolicyLossConfig(loss_mode="stapo", stats_source="current_micro_batch")
+
+
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        ({"tau_p": 0.0}, "tau_p"),
+        ({"tau_p": 1.0}, "tau_p"),
+        ({"entropy_quantile": 0.0}, "entropy_quantile"),
+        ({"entropy_quantile": 1.5}, "entropy_quantile"),
+        ({"stats_source": "rollout"}, "stats_source"),
+        ({"token_mask": "top_entropy", "top_entropy_ratio": 0.0, "loss_mode": "vanilla"}, "top_entropy_ratio"),
+        ({"random_mask_seed": 1.5}, "random_mask_seed"),
+        ({"dump_tokens": True, "dump_max_rows_per_step": 0}, "dump_max_rows_per_step"),
+    ],
+)
+def test_invalid_values_name_the_key(kw, key):
+    kw = {"loss_mode": "stapo", **kw}
+    with pytest.raises(StapoConfigError, match=rf"actor_rollout_ref\.actor\.policy_loss\.{key}="):
+        StapoPolicyLossConfig(**kw)
+
+
+@pytest.mark.parametrize("key,text,value", [("tau_p", "0.002", 0.002), ("entropy_quantile", " 0.5", 0.5),
+                                            ("top_entropy_ratio", "1e-1", 0.1), ("random_mask_seed", "7", 7),
+                                            ("dump_max_rows_per_step", "12", 12), ("clip_cov_ratio", "0.25", 0.25)])
+def test_quoted_numeric_values_are_coerced_exactly(key, text, value):
+    # a quoted Hydra override (policy_loss.tau_p='0.002') reaches the dataclass as a string
+    cfg = omega_conf_to_dataclass(OmegaConf.create({"_target_": stapo_target(), "loss_mode": "stapo", key: text}))
+    got = getattr(cfg, key)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("kw", [{"tau_p": True}, {"tau_p": "abc"}, {"tau_p": "nan"}, {"entropy_quantile": [0.5]},
+                                {"random_mask_seed": "1.5"}, {"random_mask_seed": 2.0}, {"random_mask_seed": True},
+                                {"dump_max_rows_per_step": "0"}, {"dump_tokens": "true"}, {"dump_dir": 3}])
+def test_bad_scalar_values_are_rejected_naming_the_key(kw):
+    (key,) = kw
+    dump = {"dump_tokens": True} if key == "dump_max_rows_per_step" else {}  # validated when the dump is on
+    with pytest.raises(StapoConfigError, match=rf"actor_rollout_ref\.actor\.policy_loss\.{key}="):
+        StapoPolicyLossConfig(loss_mode="stapo", **dump, **kw)
+
+
+def test_dump_needs_an_s2t_mask():
+    with pytest.raises(StapoConfigError, match="dump_tokens=True dumps S2T candidates"):
+        StapoPolicyLossConfig(loss_mode="vanilla", token_mask="top_entropy", dump_tokens=True)

@@ -1,0 +1,81 @@
+"""The install-time gate and the ledger of private verl patches (fast contract tests, no training)."""
+
+import dataclasses
+import warnings
+
+import pytest
+
+from stapo_verl.core import losses as core_losses
+from stapo_verl.integration import verl_0_9_1 as integ
+from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, Patch, check_verl, fingerprint, mismatches
+
+
+def test_installed_verl_matches_the_ledger():
+    assert integ.installed_verl_version() == integ.VERL_VERSION == "0.9.1"
+    assert mismatches() == []
+    check_verl()
+
+
+def test_gate_error_escapes_verls_plugin_loader():
+    # verl's entry-point loop catches Exception and logs at DEBUG level: the gate must not be an Exception
+    assert issubclass(IncompatibleVerlError, BaseException) and not issubclass(IncompatibleVerlError, Exception)
+
+
+def test_version_mismatch_names_expected_and_found(monkeypatch):
+    monkeypatch.setattr(integ, "installed_verl_version", lambda: "0.9.0")
+    monkeypatch.delenv(integ.ALLOW_ENV, raising=False)
+    with pytest.raises(IncompatibleVerlError, match=r"needs verl==0\.9\.1; found verl 0\.9\.0\. Install verl==0\.9\.1"):
+        check_verl()
+
+
+def test_first_differing_symbol_is_named(monkeypatch):
+    patches = list(integ.PATCHES)
+    patches[2] = dataclasses.replace(patches[2], source_sha256="0" * 64)  # ppo_loss's body "changed"
+    patches[3] = dataclasses.replace(patches[3], signature="(config)")  # and a later signature
+    monkeypatch.setattr(integ, "PATCHES", tuple(patches))
+    with pytest.raises(IncompatibleVerlError, match=r"first differing symbol: verl\.workers\.utils\.losses\.ppo_loss"):
+        check_verl()
+    assert len(mismatches()) == 2
+
+
+def test_override_proceeds_with_a_loud_warning(monkeypatch):
+    monkeypatch.setattr(integ, "installed_verl_version", lambda: "0.10.0")
+    monkeypatch.setenv(integ.ALLOW_ENV, "1")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_verl()
+    assert any("found verl 0.10.0" in str(w.message) and integ.ALLOW_ENV in str(w.message) for w in caught)
+
+
+def test_fingerprints_of_missing_symbols_and_imports():
+    assert fingerprint("verl.workers.engine_workers.NoSuchThing.train_batch") == (None, None)
+    assert fingerprint("verl.no_such_module.f") == (None, None)
+    assert fingerprint("verl.workers.engine_workers.ppo_loss") == (
+        "from verl.workers.utils.losses import ppo_loss", None)
+    monkey = Patch("verl.workers.engine_workers.NoSuchThing.f", "", "", "", "", "()")
+    assert fingerprint(monkey.symbol)[0] is None
+
+
+def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
+    import verl.trainer.main_ppo as main_ppo
+    import verl.utils.config as verl_config
+    import verl.workers.engine_workers as engine_workers
+
+    mark = "__stapo_integration__"
+    assert getattr(engine_workers.TrainingWorker.train_batch, mark, False)
+    assert engine_workers.ppo_loss is core_losses.ppo_loss
+    assert getattr(verl_config.validate_config, mark, False)
+    assert getattr(main_ppo.run_ppo, mark, False)
+    # the ledger lists exactly these symbols (plus the copied ppo_loss body the rebinding depends on)
+    assert {p.symbol for p in integ.PATCHES} == {
+        "verl.workers.engine_workers.TrainingWorker.train_batch",
+        "verl.workers.engine_workers.ppo_loss",
+        "verl.workers.utils.losses.ppo_loss",
+        "verl.utils.config.validate_config",
+        "verl.trainer.main_ppo.run_ppo",
+    }
+    # verl's own modules are otherwise untouched: the other TrainingWorker methods are verl's
+    for name in ("train_mini_batch", "infer_batch", "set_loss_fn"):
+        assert not getattr(getattr(engine_workers.TrainingWorker, name), mark, False)
+    for p in integ.PATCHES:
+        assert p.why and p.upstream and p.remove_when and p.action
