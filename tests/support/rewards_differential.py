@@ -1,8 +1,8 @@
 """Differential run of ``compute_score`` against the reference (:mod:`support.rewards_reference`).
 
 :func:`build_items` turns every gold row of a dataset into test responses (:mod:`support.rewards_perturb`);
-:func:`run` scores them in chunks in a pebble process pool (each chunk in-process, ``timeout_s=0``; a chunk that runs
-past its limit is re-run item by item with a per-item limit, and an item past that limit counts as a timeout, which
+:func:`run` scores them in chunks in a pebble process pool (each chunk in-process, ``timeout_s=0``, each item under a
+SIGALRM limit; an item past it counts as a timeout, which
 the reward scores as wrong), and asks the reference about every response ``compute_score`` accepted.
 """
 
@@ -59,15 +59,46 @@ def build_items(dataset: str, data_source: str | None = None) -> list[Item]:
     return items
 
 
-def score_chunk(chunk: list[Item]) -> list[tuple[bool, bool | None]]:
-    """``(compute_score acc, reference verdict or None when not accepted)`` for each item, in this process."""
+class ItemTimeout(BaseException):
+    """Raised by SIGALRM in a worker (a BaseException: math-verify's ``except Exception`` must not swallow it)."""
+
+
+def _alarm(signum, frame):
+    raise ItemTimeout()
+
+
+def score_chunk(chunk: list[Item], item_timeout_s: float) -> list[tuple[bool, bool | None, bool]]:
+    """``(acc, reference verdict or None when not accepted, timed out)`` per item, in this (worker) process.
+
+    Each item gets ``item_timeout_s`` (SIGALRM; a timed-out item is not accepted, as the reward scores a timeout
+    wrong); the reference of an accepted item gets the same budget again, and a reference that times out counts
+    as "not confirmed" (``ref=None`` with ``acc=True``), which the test reports.
+    """
+    import signal
+
     from stapo_verl.rewards import compute_score
 
+    signal.signal(signal.SIGALRM, _alarm)
     out = []
     for it in chunk:
-        acc = bool(compute_score(it.data_source, it.response, it.gold, timeout_s=0)["acc"])
-        ref = reference_equivalent(it.answer, it.gold, TOLERANCE_OF.get(it.data_source, "exact")) if acc else None
-        out.append((acc, ref))
+        try:
+            signal.setitimer(signal.ITIMER_REAL, item_timeout_s)
+            acc = bool(compute_score(it.data_source, it.response, it.gold, timeout_s=0)["acc"])
+        except ItemTimeout:
+            out.append((False, None, True))
+            continue
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        ref = None
+        if acc:
+            try:
+                signal.setitimer(signal.ITIMER_REAL, item_timeout_s)
+                ref = reference_equivalent(it.answer, it.gold, TOLERANCE_OF.get(it.data_source, "exact"))
+            except ItemTimeout:
+                ref = None
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        out.append((acc, ref, False))
     return out
 
 
@@ -81,12 +112,12 @@ class Outcome:
     timed_out: bool
 
 
-def run(items: list[Item], workers: int | None = None, chunk_size: int = 50, chunk_timeout_s: float = 120.0,
-        item_timeout_s: float = 10.0) -> tuple[list[Outcome], dict]:
-    """Score ``items``; returns the outcomes (in order) and run statistics.
+def run(items: list[Item], workers: int | None = None, chunk_size: int = 200, item_timeout_s: float = 5.0,
+        chunk_timeout_s: float = 600.0) -> tuple[list[Outcome], dict]:
+    """Score ``items`` in a pebble process pool; returns the outcomes (in order) and run statistics.
 
-    Raises:
-        RuntimeError: a chunk failed for another reason than its time limit.
+    A chunk that runs past ``chunk_timeout_s`` (an item stuck inside a C call, where SIGALRM cannot interrupt it)
+    is killed by pebble and re-run item by item, each with pebble's timeout ``item_timeout_s``.
     """
     from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -95,31 +126,30 @@ def run(items: list[Item], workers: int | None = None, chunk_size: int = 50, chu
     workers = workers or min(2, os.cpu_count() or 1)
     t0 = time.perf_counter()
     chunks = [items[i:i + chunk_size] for i in range(0, len(items), chunk_size)]
-    results: list[list[tuple[bool, bool | None, bool]] | None] = [None] * len(chunks)
+    results: list[list | None] = [None] * len(chunks)
     retried = 0
     with ProcessPool(max_workers=workers) as pool:
-        futures = [pool.schedule(score_chunk, args=(c,), timeout=chunk_timeout_s) for c in chunks]
+        futures = [pool.schedule(score_chunk, args=(c, item_timeout_s), timeout=chunk_timeout_s) for c in chunks]
         for i, fut in enumerate(futures):
             try:
-                results[i] = [(a, r, False) for a, r in fut.result()]
+                results[i] = fut.result()
             except FutureTimeout:
-                results[i] = None
+                retried += 1
         for i, res in enumerate(results):
             if res is not None:
                 continue
-            retried += 1
-            single = [pool.schedule(score_chunk, args=([it],), timeout=item_timeout_s) for it in chunks[i]]
+            single = [pool.schedule(score_chunk, args=([it], item_timeout_s), timeout=item_timeout_s + 30)
+                      for it in chunks[i]]
             res = []
             for fut in single:
                 try:
-                    (a, r), = fut.result()
-                    res.append((a, r, False))
+                    res.extend(fut.result())
                 except FutureTimeout:
                     res.append((False, None, True))
             results[i] = res
     outcomes = [Outcome(it, a, r, t) for chunk, res in zip(chunks, results) for it, (a, r, t) in zip(chunk, res)]
     stats = {"items": len(items), "chunks": len(chunks), "chunks_retried": retried,
-             "timeouts": sum(o.timed_out for o in outcomes), "seconds": time.perf_counter() - t0}
+             "timeouts": sum(o.timed_out for o in outcomes), "seconds": round(time.perf_counter() - t0, 1)}
     return outcomes, stats
 
 
@@ -131,6 +161,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
         return sum(o.acc == want for o in sel), len(sel)
 
     false_pos = [o for o in outcomes if o.acc and o.ref is False]
+    unconfirmed = [o for o in outcomes if o.acc and o.ref is None]
     kinds = Counter(o.item.kind.split("@")[0] for o in outcomes)
     return {
         "N": len(outcomes),
@@ -138,6 +169,8 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "accepted": sum(o.acc for o in outcomes),
         "false_positives": len(false_pos),
         "false_positive_examples": [(o.item.kind, o.item.answer, o.item.gold) for o in false_pos[:20]],
+        "unconfirmed": len(unconfirmed),
+        "unconfirmed_examples": [(o.item.kind, o.item.answer, o.item.gold) for o in unconfirmed[:10]],
         "gold_correct": rate("gold", True),
         "first_digit_wrong": rate("first_digit", False),
         "variant_correct": rate("variant", True),

@@ -11,7 +11,9 @@ Where math-verify is wrong, it uses an exact check instead, each case documented
   non-rational numbers must also agree to 40 significant digits;
 * ``4.5e33`` (read by math-verify as ``4.5·e·33``) is written ``4.5\\times 10^{33}``;
 * a final ``\\%`` (which latex2sympy2_extended cannot parse under the antlr 4.9.3 runtime) is dropped;
-* identical strings are equal (also when math-verify cannot parse them).
+* identical strings are equal, and an answer math-verify cannot parse equals only the same text up to spaces;
+* math-verify parses the whole answer or nothing (``extraction_mode="first_match"``): its default fragment search
+  reads ``2/3`` out of ``\\frac{2}{3} E_{1}+\\frac{2}{3} E_{2}``.
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ def _clean(text: str) -> str:
 
 
 def _parse(text: str) -> list:
-    configs = (math_verify.LatexExtractionConfig(), math_verify.ExprExtractionConfig())
-    out = math_verify.parse("\\boxed{" + text + "}", extraction_config=configs, parsing_timeout=None)
-    if not out:
-        out = math_verify.parse(text, extraction_config=(math_verify.ExprExtractionConfig(),), parsing_timeout=None)
-    return out
+    latex = math_verify.parse("\\boxed{" + text + "}", extraction_config=(math_verify.LatexExtractionConfig(),),
+                              parsing_timeout=None, extraction_mode="first_match")
+    if latex and not isinstance(latex[0], str):
+        return latex
+    expr = math_verify.parse(text, extraction_config=(math_verify.ExprExtractionConfig(),), parsing_timeout=None,
+                             extraction_mode="first_match")
+    if len(expr) == 2 and not isinstance(expr[0], str) and re.sub(r"\s", "", expr[1]) == re.sub(r"\s", "", text):
+        return expr
+    return [text]
 
 
 def _exact_number(x):
@@ -116,8 +122,8 @@ def reference_equivalent(answer: str, gold: str, tolerance: str = "exact") -> bo
     if a == g:
         return True
     ga, pa = _parse(g), _parse(a)
-    if not ga or not pa:
-        return False
+    if isinstance(ga[0], str) or isinstance(pa[0], str):
+        return re.sub(r"\s", "", a) == re.sub(r"\s", "", g)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mv_ok = bool(math_verify.verify(ga, pa, float_rounding=rounding, timeout_seconds=None))
