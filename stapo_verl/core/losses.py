@@ -53,7 +53,8 @@ def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None
         dp_group: the data-parallel group whose ranks together hold the mini-batch (``None``: one process).
 
     Returns:
-        The mask's metrics (``{"actor/...": float}``), identical on every rank of ``dp_group``.
+        The mask's metrics (``{"actor/...": float}``) plus ``actor/policy_batch_num_tokens`` (the PG term's
+        denominator), identical on every rank of ``dp_group``.
 
     Raises:
         ValueError: ``policy_loss.token_mask`` is not set or not registered.
@@ -80,7 +81,7 @@ def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None
     keep = keep.to(response_mask.dtype)
     data[POLICY_LOSS_MASK_KEY] = response_to_nested(keep, response_mask) if response_mask.is_nested else keep
     tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: int(num_tokens.item())})
-    return metrics
+    return {**metrics, f"actor/{POLICY_BATCH_NUM_TOKENS_KEY}": float(num_tokens.item())}
 
 
 def get_policy_batch_num_tokens(config: ActorConfig, data: TensorDict) -> int | None:

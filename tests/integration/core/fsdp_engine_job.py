@@ -81,13 +81,35 @@ def main(out_path, port):
     old_lp = response_from_nested(mo["log_probs"], td["response_mask"])
     ent = response_from_nested(mo["entropy"], td["response_mask"])
 
+    # 1b. only the policy-gradient term sees the mask: cispo with and without token_mask=s2t, KL loss and an entropy
+    #     term on, on the same weights through the engine's own forward (infer_batch with the loss)
+    adv = torch.tensor([1.3, 0.8, -0.5, 1.1])[:, None].expand(bs, R).contiguous()
+
+    def probe(token_mask):
+        t = batch()
+        tu.assign_non_tensor(t, calculate_entropy=True)
+        t["old_log_probs"], t["entropy"] = old_lp, ent
+        t["advantages"] = response_to_nested(adv, t["response_mask"])
+        ref = response_from_nested(old_lp, t["response_mask"]).to_padded_tensor(0.0)
+        t["ref_log_prob"] = response_to_nested(ref + 0.05 * torch.arange(R)[None, :], t["response_mask"])
+        c = actor_config("cispo", token_mask, tau_p=0.03, use_kl_loss=True, entropy_coeff=0.01)
+        mask_metrics = core_losses.apply_policy_token_mask(c, t, engine.get_data_parallel_group()) if token_mask else {}
+        with engine.eval_mode():
+            out = engine.infer_batch(t, loss_function=functools.partial(core_losses.ppo_loss, config=c))
+        metrics = {k: float(v.aggregate()) if hasattr(v, "aggregate") else float(sum(v) / len(v))
+                   for k, v in out["metrics"].items() if k in ("kl_loss", "actor/entropy_loss", "actor/pg_loss")}
+        return metrics, mask_metrics
+
+    plain, _ = probe(None)
+    masked, probe_mask = probe("s2t")
+
     # 2. the update's mini-batch: old values + advantages in response layout, as TransferQueue delivers them
     td = batch()
     tu.assign_non_tensor(td, calculate_entropy=False)
-    adv = torch.tensor([1.3, 0.8, -0.5, 1.1])[:, None].expand(bs, R).contiguous()
     td["old_log_probs"], td["entropy"] = old_lp, ent
     td["advantages"] = response_to_nested(adv, td["response_mask"])
     cfg = actor_config("stapo", tau_p=0.03)  # random tiny model: p ≈ 1/64 ⇒ candidates exist
+    pg_bnt.clear()  # the probes above ran the masked loss too
     before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
     n_valid = int(td["loss_mask"].values().sum())
     mask_metrics = core_losses.apply_policy_token_mask(cfg, td, engine.get_data_parallel_group())
@@ -109,6 +131,7 @@ def main(out_path, port):
         "metric_keys": sorted(set(metrics) | set(mask_metrics)),
         "masked_frac": mask_metrics["actor/stapo/masked_frac"],
         "grad_norm": float(metrics["grad_norm"]),
+        "kl_probe": {"plain": plain, "masked": masked, "masked_tokens": probe_mask["actor/stapo/num_masked"]},
     }
     with open(out_path, "w") as f:
         json.dump(report, f, default=str)

@@ -31,3 +31,10 @@ def test_fsdp2_engine_train_batch_runs_stapo_and_updates_weights(tmp_path):
     assert {"actor/stapo/tau_h", "actor/stapo/num_masked", "actor/pg_loss"} <= set(r["metric_keys"])
     assert r["n_changed"] == r["n_params"] and r["max_change"] > 0  # the optimizer step moved every weight
     assert r["grad_norm"] > 0
+    # cispo with and without token_mask=s2t, KL loss and entropy term on, same weights, the engine's own forward:
+    # the KL and entropy terms are identical (response_mask, batch_num_tokens); only the PG term changes
+    probe = r["kl_probe"]
+    assert probe["masked_tokens"] > 0
+    assert probe["masked"]["kl_loss"] == probe["plain"]["kl_loss"] != 0
+    assert probe["masked"]["actor/entropy_loss"] == probe["plain"]["actor/entropy_loss"] != 0
+    assert probe["masked"]["actor/pg_loss"] != probe["plain"]["actor/pg_loss"]

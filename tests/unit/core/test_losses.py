@@ -73,7 +73,7 @@ def test_mask_composes_with_every_policy_loss_and_aggregation(loss_mode, agg):
     keep = _kept(b["td"])
     n_keep = int(keep.sum())
     assert 0 < metrics["actor/stapo/num_masked"] == int(b["rm"].sum()) - n_keep
-    assert tu.get(b["td"], POLICY_BATCH_NUM_TOKENS_KEY) == n_keep
+    assert tu.get(b["td"], POLICY_BATCH_NUM_TOKENS_KEY) == n_keep == metrics["actor/policy_batch_num_tokens"]
     loss, grad, _ = _loss(ppo_loss, cfg, b, batch_num_tokens=int(b["rm"].sum()), global_batch_size=6)
     # oracle: verl's own policy loss with response_mask := K and batch_num_tokens := Σ K
     vcfg = actor_config(loss_mode, agg=agg)
