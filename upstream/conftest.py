@@ -1,7 +1,8 @@
-"""pytest: upstream/src/ holds verl test files of the patch series; they run only inside a patched verl tree.
+"""pytest: keep this repository's test run out of upstream/.
 
-``scripts/check_upstream.sh`` runs them there; a bare ``pytest`` at this repository's root must not collect them
-(they import modules the installed verl 0.9.1 lacks).
+``upstream/src/`` holds verl test files of the patch series and ``upstream/verl_overlay/tree/`` verl's own test and
+sanity files; they run only inside a verl tree (``scripts/check_upstream.sh``), and import modules the installed
+verl 0.9.1 lacks.
 """
 
-collect_ignore_glob = ["src/*"]
+collect_ignore_glob = ["src/*", "verl_overlay/*"]

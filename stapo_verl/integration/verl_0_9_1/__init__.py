@@ -71,8 +71,9 @@ PATCHES: tuple[Patch, ...] = (
         action="wrapped (training_worker.wrap_train_batch)",
         why="run the policy token mask once per optimizer mini-batch, before the engine counts the mini-batch's "
         "tokens (batch_num_tokens) and splits it into micro-batches; add the mask's metrics to the output",
-        upstream="PR A: TrainingWorker.train_batch calls the pre-pass registered with set_loss_fn(..., "
-        "pre_loss_fn=...); train_mini_batch passes mini_batch_index",
+        upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, pre_loss_fn=None); train_batch runs the pre-pass "
+        "before engine.train_batch; train_mini_batch passes mini_batch_index; init_model passes "
+        "partial(apply_policy_token_mask, actor_config) when token_mask is set",
         remove_when=_REMOVE,
         signature="(self, data: TensorDict) -> TensorDict",
     ),
@@ -95,12 +96,61 @@ PATCHES: tuple[Patch, ...] = (
         source_sha256="d7a7f4ab82c8a092467633bb9951c45697f58f3abf4c47137a8bb80ee159bfa7",
     ),
     Patch(
+        symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor",
+        action="wrapped (trainer.wrap_update_actor); during the call the worker group's bound update_actor is "
+        "wrapped on the instance (trainer.taking_payloads)",
+        why="diagnostics in verl's trackers: ask the workers (batch.extra_info) for the mask histograms and, when a "
+        "table is due, the silenced-token rows; take them out of the update's output metrics before "
+        "reduce_metrics averages them; log them through the trainer's Tracking; add the collapse z-scores to the "
+        "step's metrics. The wrapper relies on the body calling actor_rollout_wg.update_actor once before "
+        "reduce_metrics, hence the source hash",
+        upstream="none in the series: a follow-up RFC for a non-scalar metrics channel (e.g. a 'tables' field of "
+        "the train output that PPOTrainer logs through Tracking), which would replace this wrapper",
+        remove_when="when verl's trainer returns non-scalar worker outputs to Tracking itself",
+        signature="(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta",
+        source_sha256="82879aeff227214bcf355917b0105b2d2740e8c30457d921936aca38838a1e61",
+    ),
+    Patch(
+        symbol="verl.workers.engine.fsdp.transformer_impl.FSDPEngine.optimizer_step",
+        action="wrapped on the engine instance for the duration of one TrainingWorker.train_batch call "
+        "(engine_grads.reading_lm_head_grad_norm); reads the LM-head gradient right after it",
+        why="a collapse signal (LM-head gradient norm) verl does not report; the gradients exist only between the "
+        "step and the zeroing when TrainingWorker.train_batch leaves engine.train_mode(). The pre-clip value is "
+        "recovered from this body's clip_grad_norm_ coefficient, hence the source hash",
+        upstream="none in the series: a per-module gradient-norm metric in the engines' optimizer_step",
+        remove_when="when verl's engines report the output layer's gradient norm",
+        signature="(self)",
+        source_sha256="12157de690eeda8277d882dd9292ab9573de0cd11da16a89b988df1df26169b9",
+    ),
+    Patch(
+        symbol="verl.workers.engine.megatron.transformer_impl.MegatronEngine.optimizer_step",
+        action="wrapped on the engine instance for the duration of one TrainingWorker.train_batch call "
+        "(engine_grads.reading_lm_head_grad_norm); reads the LM-head gradient right before it",
+        why="as for FSDP; before optimizer.step() the output weight's main_grad is reduced over DP and not clipped",
+        upstream="none in the series: a per-module gradient-norm metric in the engines' optimizer_step",
+        remove_when="when verl's engines report the output layer's gradient norm",
+        signature="(self)",
+        source_sha256="1c126740dceee749297dced7e028921192190dea8095ac569ed7d12d9a2657a3",
+    ),
+    Patch(
+        symbol="verl.workers.engine.base.BaseEngine.train_batch",
+        action="relied on (not patched): calls self.optimizer_step() once, after forward_backward_batch",
+        why="the optimizer_step wrappers above run inside it; a body that steps differently would read the "
+        "gradient at the wrong time",
+        upstream="as the optimizer_step entries",
+        remove_when="with the optimizer_step entries",
+        signature="(self, data: TensorDict, loss_function: Callable) -> Any",
+        source_sha256="624bdd4d515d8bf65a9b2d1b9718fae1b57a3dc2ed01c9b5da4a214e06f5cc38",
+    ),
+    Patch(
         symbol="verl.utils.config.validate_config",
         action="wrapped (driver_config.wrap_validate_config)",
         why="on the driver, before verl builds any config object: point policy_loss._target_ at the plugin's "
         "config class when loss_mode=stapo or a token_mask is set, then check the keys the mask depends on",
-        upstream="PR A adds token_mask to PolicyLossConfig (no _target_ needed) and checks it in "
-        "validate_config; PR B validates the S2T keys in PolicyLossConfig",
+        upstream="PR A adds PolicyLossConfig.token_mask (declared in actor.yaml, validated in __post_init__), so "
+        "no _target_ is needed; PR B adds tau_p/entropy_quantile, validated when token_mask == 's2t'. The other "
+        "checks have no upstream counterpart: there a batch without the declared fields raises a KeyError naming "
+        "them, and distillation works because distillation_ppo_loss calls the masked ppo_loss",
         remove_when=_REMOVE,
         signature="(config: DictConfig, use_reference_policy: bool, use_critic: bool) -> None",
     ),
@@ -109,7 +159,7 @@ PATCHES: tuple[Patch, ...] = (
         action="wrapped (driver_config.wrap_run_ppo)",
         why="the same _target_ fill for entry points that call run_ppo without validate_config on the driver "
         "(e.g. verl.experimental.fully_async_policy)",
-        upstream="PR A (as validate_config)",
+        upstream="nothing: with PR A there is no _target_ to fill",
         remove_when=_REMOVE,
         signature="(config, task_runner_class) -> None",
     ),
@@ -217,7 +267,7 @@ def install() -> None:
 
     Eager: the ``validate_config`` wrapper and the Hydra options. Lazy (post-import hooks, so loading the plugin
     imports neither the worker stack nor ``main_ppo``): the ``TrainingWorker`` and ``ppo_loss`` patches, the
-    ``run_ppo`` wrapper.
+    ``run_ppo`` wrapper, the v1 trainer's ``_update_actor`` wrapper.
 
     Raises:
         IncompatibleVerlError: see :func:`check_verl`.
@@ -225,9 +275,10 @@ def install() -> None:
     check_verl()
     from stapo_verl.core import hydra_options, masks  # noqa: F401  (masks: registers the masks and loss_mode=stapo)
     from stapo_verl.integration.post_import import when_imported
-    from stapo_verl.integration.verl_0_9_1 import driver_config, training_worker
+    from stapo_verl.integration.verl_0_9_1 import driver_config, trainer, training_worker
 
     driver_config.install_validate_config()
     when_imported("verl.trainer.main_ppo", driver_config.patch_main_ppo)
     when_imported("verl.workers.engine_workers", training_worker.patch_engine_workers)
+    when_imported("verl.trainer.ppo.v1.trainer_base", trainer.patch_trainer_base)
     hydra_options.register()

@@ -1,0 +1,134 @@
+# Copyright 2026 Individual Contributor: stapo-verl contributors
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     http://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""``TrainingWorker`` runs the pre-pass of ``set_loss_fn(loss_fn, pre_loss_fn=...)`` once per mini-batch.
+
+The worker methods are driven with mocked engines (as in test_engine_workers_mini_batch_trace_on_cpu.py), so no
+GPU or ray is needed.
+"""
+
+from contextlib import nullcontext
+from functools import partial
+from types import SimpleNamespace
+from unittest.mock import MagicMock
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from verl.trainer.ppo import core_algos
+from verl.trainer.ppo.core_algos import register_policy_token_mask
+from verl.utils import tensordict_utils as tu
+from verl.workers.config import PolicyLossConfig
+from verl.workers.engine_workers import TrainingWorker
+from verl.workers.utils.losses import apply_policy_token_mask
+
+
+def keep_first_token(batch, config, dp_group=None):
+    """A toy mask: keep the first response token of each sequence."""
+    keep = torch.zeros_like(batch["response_mask"], dtype=torch.bool)
+    keep[:, 0] = True
+    return keep & batch["response_mask"].bool(), {"actor/keep_first/kept": float(keep.sum())}
+
+
+@pytest.fixture(autouse=True)
+def registry(monkeypatch):
+    monkeypatch.setattr(core_algos, "POLICY_TOKEN_MASK_REGISTRY", dict(core_algos.POLICY_TOKEN_MASK_REGISTRY))
+    register_policy_token_mask("keep_first", required_fields=("response_mask",))(keep_first_token)
+
+
+def _mini_batch():
+    """Two responses of lengths 3 and 2 in the nested response layout; loss_mask is response_mask."""
+    rows = [torch.ones(3, dtype=torch.int64), torch.ones(2, dtype=torch.int64)]
+    mask = torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+    return TensorDict({"response_mask": mask, "loss_mask": mask.clone()}, batch_size=[2])
+
+
+def _worker(seen):
+    def engine_train_batch(data, loss_function=None):
+        # what the engines do first: count the mini-batch's tokens, then split it into micro-batches
+        seen.append({key: tu.get(data, key) for key in ("loss_mask", "policy_loss_mask", "policy_batch_num_tokens")})
+        return {"model_output": {}, "loss": [0.0], "metrics": {"actor/pg_loss": [0.5]}}
+
+    engine = SimpleNamespace(
+        train_mode=lambda **kwargs: nullcontext(),
+        train_batch=engine_train_batch,
+        is_mp_src_rank_with_outputs=lambda: True,
+        get_data_parallel_group=lambda: "dp",
+    )
+    return SimpleNamespace(
+        engine=engine,
+        engine_config=SimpleNamespace(
+            forward_only=False,
+            use_dynamic_bsz=False,
+            max_token_len_per_gpu=128,
+            micro_batch_size_per_gpu=1,
+            use_fused_kernels=False,
+        ),
+        model_config={},
+        loss_fn=lambda **kwargs: None,
+        pre_loss_fn=None,
+        profiler=None,  # no DistProfiler: the decorated method runs as is
+        _postprocess_output=MagicMock(),
+    )
+
+
+def test_set_loss_fn_stores_the_pre_pass():
+    worker = SimpleNamespace()
+    TrainingWorker.set_loss_fn(worker, "loss", pre_loss_fn="pre_pass")
+    assert (worker.loss_fn, worker.pre_loss_fn) == ("loss", "pre_pass")
+    TrainingWorker.set_loss_fn(worker, "another loss")
+    assert worker.pre_loss_fn is None
+
+
+def test_train_batch_runs_the_pre_pass_before_the_engine_and_reports_its_metrics():
+    seen = []
+    worker = _worker(seen)
+    worker.pre_loss_fn = partial(
+        apply_policy_token_mask, SimpleNamespace(policy_loss=PolicyLossConfig(token_mask="keep_first"))
+    )
+    TrainingWorker.train_batch(worker, _mini_batch())
+    (engine_saw,) = seen
+    assert [t.tolist() for t in engine_saw["policy_loss_mask"].unbind()] == [[1, 0, 0], [1, 0]]
+    assert engine_saw["policy_batch_num_tokens"] == 2
+    assert int(engine_saw["loss_mask"].values().sum()) == 5  # batch_num_tokens is still Σ loss_mask
+    metrics = worker._postprocess_output.call_args.args[0]["metrics"]
+    assert metrics == {"actor/pg_loss": [0.5], "actor/keep_first/kept": 2.0, "actor/policy_batch_num_tokens": 2.0}
+
+
+def test_train_batch_without_a_pre_pass_is_unchanged():
+    seen = []
+    worker = _worker(seen)
+    TrainingWorker.train_batch(worker, _mini_batch())
+    assert seen[0]["policy_loss_mask"] is None and seen[0]["policy_batch_num_tokens"] is None
+    assert worker._postprocess_output.call_args.args[0]["metrics"] == {"actor/pg_loss": [0.5]}
+
+
+def test_train_mini_batch_numbers_the_mini_batches(monkeypatch):
+    mini_batches = [TensorDict({}, batch_size=[]) for _ in range(4)]
+    monkeypatch.setattr(tu, "make_iterator", lambda data, **kwargs: iter(mini_batches))
+    worker = SimpleNamespace(
+        engine=SimpleNamespace(
+            train_mode=lambda **kwargs: nullcontext(),
+            is_mp_src_rank_with_outputs=lambda: False,
+            get_data_parallel_rank=lambda: 0,
+            get_data_parallel_size=lambda: 1,
+        ),
+        train_batch=MagicMock(return_value={}),
+        profiler=MagicMock(),
+    )
+    data = TensorDict({}, batch_size=[4])
+    tu.assign_non_tensor(data, num_mini_batch=2, epochs=2)
+    TrainingWorker.train_mini_batch(worker, data)
+    indices = [tu.get(call.args[0], "mini_batch_index") for call in worker.train_batch.call_args_list]
+    assert indices == [0, 1, 2, 3]  # counted over ppo_epochs, like update_lr_scheduler
