@@ -4,8 +4,9 @@ Shape: Qwen3-8B output layer (hidden 4096 → vocab 151,936), ``--tokens`` respo
 
 * ``vanilla``: hidden @ W_lm → verl ``logprobs_from_logits`` → ``compute_policy_loss_vanilla`` → backward.
 * ``stapo``  : what the default route (``stats_source=old_policy``) adds to an update — the S2T mask from the
-  old-policy log-prob/entropy over the mini-batch (``apply_s2t_to_minibatch``, O(tokens), no entropy in the
-  update) — then the same forward, the registered ``stapo`` loss and backward.
+  old-policy log-prob/entropy over the mini-batch (:func:`stapo_verl.core.losses.apply_policy_token_mask`,
+  O(tokens), no entropy in the update) — then the same forward, verl's vanilla loss on the kept tokens
+  (:func:`stapo_verl.core.losses.compute_masked_policy_loss`) and backward.
 
 Design (the difference measured is far below run-to-run noise, so the noise is what this script controls):
 
@@ -25,8 +26,8 @@ Design (the difference measured is far below run-to-run noise, so the noise is w
   moves a few hundred floats per rank.
 
 Also prints the loss-function-only ratio on 16 × 2048 tokens and the per-token cost of verl's chunked entropy
-(``entropy_from_logits_with_chunking``) at this vocabulary (what ``stats_source=current_micro_batch`` and
-``top_entropy`` make verl compute in every training forward).
+(``entropy_from_logits_with_chunking``) at this vocabulary (what ``actor.calculate_entropy=True`` makes verl compute
+in every training forward; no token mask needs it).
 
 Last line: ``stapo/vanilla time_ratio=<median> peak_mem_ratio=<median>`` (per-pair medians). Usage:
     python benchmarks/bench_loss.py [--pairs 10] [--repeats 1] [--tokens 512] [--device cpu|cuda]
@@ -59,7 +60,8 @@ def _sync(device):
 def _actor_config(loss_mode):
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
-    from stapo_verl.config import StapoPolicyLossConfig
+    import stapo_verl.plugin  # noqa: F401  (the config class checks that the plugin is loaded)
+    from stapo_verl.core.config import StapoPolicyLossConfig
 
     pl = PolicyLossConfig(loss_mode="vanilla") if loss_mode == "vanilla" else StapoPolicyLossConfig(loss_mode="stapo")
     return ActorConfig(strategy="fsdp2", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2,
@@ -83,16 +85,29 @@ def _batch(tokens, device, seed=0, bs=None):
 
 
 def _s2t_mask(b, cfg):
-    """What the plugin's worker hook adds to an update (old-policy route): the S2T mask over the mini-batch."""
+    """What the plugin's pre-pass adds to an update (old-policy route): the S2T mask over the mini-batch.
+
+    Returns ``(policy_loss_mask (bs, T), policy_batch_num_tokens)``."""
     from tensordict import TensorDict
 
-    from stapo_verl.worker_hooks import apply_s2t_to_minibatch
+    from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 
     mask = b["mask"]
     td = TensorDict({"old_log_probs": b["old"], "entropy": b["ent"], "advantages": b["adv"],
                      "response_mask": mask.clone(), "loss_mask": mask.clone()}, batch_size=[mask.shape[0]])
-    stats = apply_s2t_to_minibatch(td, cfg.policy_loss, None)
-    return td["response_mask"], stats
+    apply_policy_token_mask(cfg, td, None)
+    return td[POLICY_LOSS_MASK_KEY], int(td[POLICY_BATCH_NUM_TOKENS_KEY])
+
+
+def _loss(fn, cfg, variant, b, log_prob, mask, num_tokens):
+    """verl's policy loss; for ``stapo`` on the kept tokens only, as the plugin's ``ppo_loss`` calls it."""
+    from stapo_verl.core.losses import compute_masked_policy_loss
+
+    kw = dict(old_log_prob=b["old"], log_prob=log_prob, advantages=b["adv"], loss_agg_mode="token-mean", config=cfg)
+    if variant != "stapo":
+        return fn(response_mask=b["mask"].bool(), **kw)
+    return compute_masked_policy_loss(fn, policy_loss_mask=mask, policy_batch_num_tokens=num_tokens,
+                                      response_mask=b["mask"].bool(), **kw)
 
 
 def _current_rss_bytes():
@@ -120,7 +135,6 @@ def run_variant(variant, tokens, repeats, device, dtype, warmup_tokens=64):
     from verl.utils.torch_functional import logprobs_from_logits
 
     import stapo_verl.plugin  # noqa: F401  (registers the losses as the entry point does)
-    from stapo_verl import state
 
     torch.manual_seed(0)
     dt = torch.bfloat16 if dtype == "bf16" else torch.float32
@@ -136,16 +150,11 @@ def run_variant(variant, tokens, repeats, device, dtype, warmup_tokens=64):
         w.grad = h.grad = None
         _sync(device)
         t0 = time.perf_counter()
-        mask, stats = _s2t_mask(b, cfg) if variant == "stapo" else (b["mask"], None)
-        cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=1)
+        mask, n = _s2t_mask(b, cfg) if variant == "stapo" else (None, None)
+        cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(b["mask"].sum()), global_batch_size=1)
         logits = (h @ w.t()).float()
         log_prob = logprobs_from_logits(logits, labels).view(1, -1)
-        state.MINIBATCH.start(stats)
-        try:
-            loss, _ = fn(old_log_prob=b["old"], log_prob=log_prob, advantages=b["adv"], response_mask=mask.bool(),
-                         loss_agg_mode="token-mean", config=cfg)
-        finally:
-            state.MINIBATCH.end()
+        loss, _ = _loss(fn, cfg, variant, b, log_prob, mask, n)
         loss.backward()
         _sync(device)
         return time.perf_counter() - t0
@@ -215,7 +224,6 @@ def loss_only_ratio(device, repeats=20):
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     import stapo_verl.plugin  # noqa: F401
-    from stapo_verl import state
 
     b = _batch(16 * 2048, device, bs=16)
     res = {}
@@ -227,14 +235,9 @@ def loss_only_ratio(device, repeats=20):
             lp = (b["old"] + 0.05).requires_grad_(True)
             _sync(device)
             t0 = time.perf_counter()
-            mask, stats = _s2t_mask(b, cfg) if variant == "stapo" else (b["mask"], None)
-            cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()), global_batch_size=16)
-            state.MINIBATCH.start(stats)
-            try:
-                loss, _ = fn(old_log_prob=b["old"], log_prob=lp, advantages=b["adv"], response_mask=mask.bool(),
-                             loss_agg_mode="token-mean", config=cfg)
-            finally:
-                state.MINIBATCH.end()
+            mask, n = _s2t_mask(b, cfg) if variant == "stapo" else (None, None)
+            cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(b["mask"].sum()), global_batch_size=16)
+            loss, _ = _loss(fn, cfg, variant, b, lp, mask, n)
             loss.backward()
             _sync(device)
             ts.append(time.perf_counter() - t0)
@@ -291,7 +294,7 @@ def main(argv=None):
     if a.quick:
         a.pairs = 3
     if a.tokens < 512:
-        ap.error("--tokens must be at least 512 (the issue's minimum at the 8B output-layer shape)")
+        ap.error("--tokens must be at least 512 (a realistic micro-batch at the 8B output-layer shape)")
     if a.pairs < 2 or a.repeats < 1:
         ap.error(f"--pairs must be >= 2 (got {a.pairs}) and --repeats >= 1 (got {a.repeats})")
     if a._job in ("vanilla", "stapo"):

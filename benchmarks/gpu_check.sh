@@ -5,9 +5,10 @@
 # WHEELS=dir and are installed with --no-deps first). Two parts, each with its own time limit:
 #   1. benchmarks/bench_loss.py --device cuda (bf16): STAPO's loss vs verl's vanilla loss, interleaved pairs.
 #   2. verl's MegatronEngineWithLMHead train_batch with loss_mode=stapo at TP=1 on cuda (bf16, mbridge,
-#      tests/megatron_engine_job.py with STAPO_JOB_DEVICE=cuda): both routes, loss / grad norm / wall time.
+#      tests/integration/core/megatron_engine_job.py with STAPO_JOB_DEVICE=cuda): every route the job runs, loss /
+#      grad norm / wall time.
 #      Without Transformer Engine it uses Megatron-Core's local spec through the device-neutral shims of
-#      stapo_verl.cpu.megatron (local layer spec in mbridge, packed-THD attention mask, no fused softmax kernel).
+#      stapo_verl.cpu.megatron_shims (local layer spec in mbridge, packed-THD attention mask, no fused softmax kernel).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PY:-python}"
@@ -33,20 +34,22 @@ timeout 400 "$PY" - "$OUT" <<'PY'
 import sys, time
 from pathlib import Path
 import torch
-from megatron_launch import make_model_dir, run_job
+from support.megatron_launch import make_model_dir, run_job
 
 out = Path(sys.argv[1])
 model_dir = make_model_dir(out / "model")
 t0 = time.perf_counter()
-run_job(out / "tp1_cuda.pt", model_dir, 1, 1, 1, timeout=360, extra_env={"STAPO_JOB_DEVICE": "cuda"})
+run_job(out / "tp1_cuda.pt", model_dir, 1, 1, 1, timeout=360, extra_env={"STAPO_JOB_DEVICE": "cuda", "VERL_PLATFORM": ""})
 wall = time.perf_counter() - t0
 r = torch.load(out / "tp1_cuda.pt", weights_only=False)
 print("device", r["device"], "engine", r["engine"], "wall_s", round(wall, 1))
-for route in ("old_policy", "current"):
-    s = r[route]
+for route, s in r.items():
+    if not (isinstance(s, dict) and "metrics" in s):
+        continue
     m = s["metrics"][0]
-    changed = sum(not torch.equal(s["after"][k], s["before"][k]) for k in s["after"])
+    after, before = s.get("after", {}), s.get("before", {})
+    changed = sum(not torch.equal(after[k], before[k]) for k in after if k in before)
     print(route, "pg_loss", sum(m["actor/pg_loss"]), "grad_norm", m["grad_norm"],
-          "num_masked", m.get("actor/stapo/num_masked"), "weights changed", changed, "/", len(s["after"]),
-          "verl entropy calls", s["verl_entropy_calls"])
+          "num_masked", m.get("actor/stapo/num_masked"), "weights changed", changed, "/", len(after),
+          "verl entropy calls", s.get("verl_entropy_calls"))
 PY

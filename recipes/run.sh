@@ -4,10 +4,16 @@
 #   recipes/run.sh <size> <method> [--dry-run | --print-overrides] [hydra overrides...]
 #
 #   size     tiny (CPU, recipes/common/cpu.sh) | 1.7b | 8b | 14b
-#   method   stapo | stapo_high_entropy | stapo_random | stapo_full_mask | grpo | top_entropy | justrl
+#   method   stapo              loss_mode=stapo (verl's vanilla loss + the S2T token mask)
+#            stapo_high_entropy loss_mode=vanilla token_mask=s2t_high_entropy  (the masking ablations;
+#            stapo_random       loss_mode=vanilla token_mask=s2t_random         same S2T keys as stapo)
+#            stapo_full_mask    loss_mode=vanilla token_mask=s2t_full
+#            top_entropy        loss_mode=vanilla token_mask=top_entropy        (20-Entropy baseline)
+#            grpo | justrl      verl's vanilla loss, no mask (baselines)
 #   --dry-run          compose + validate the config with verl 0.9.1 on this machine (no GPU, Ray,
 #                      weights or data needed) and print the key settings; exit non-zero on any error.
 #   --print-overrides  print the Hydra overrides, one a line, and exit (no Python for the GPU sizes).
+#   Hydra overrides go last and win; only Hydra interprets them (the recipe never parses them).
 #
 # Environment (defaults in recipes/common/base.sh): MODEL_PATH DATA_DIR CKPT_DIR NNODES GPUS_PER_NODE
 # PROJECT_NAME EXP_NAME TOTAL_STEPS TOTAL_EPOCHS PRECISION(bf16|fp8) ENGINE(megatron|fsdp) ACTOR_TP
@@ -21,7 +27,7 @@ RECIPES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$RECIPES_DIR/common/base.sh"
 
 usage() {
-    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
 if [[ $# -ge 1 && ($1 == -h || $1 == --help) ]]; then
@@ -69,11 +75,11 @@ print)
     ;;
 dry-run)
     echo "[stapo recipe] dry-run: $SIZE $METHOD engine=$ENGINE precision=$PRECISION nodes=$NNODES x $GPUS_PER_NODE python=$PY" >&2
-    exec "$PY" -m stapo_verl.recipes_dryrun "${STAPO_OVERRIDES[@]}"
+    exec "$PY" -m stapo_verl.launch.dryrun "${STAPO_OVERRIDES[@]}"
     ;;
 train)
     if [[ $SIZE == tiny ]]; then
-        stapo_cpu_train "$METHOD" ${EXTRA[@]+"${EXTRA[@]}"}
+        stapo_cpu_train "$METHOD"
         exit $?
     fi
     stapo_check_ray

@@ -1,9 +1,9 @@
 # shellcheck shell=bash
 # Shared base of every STAPO / baseline recipe (sourced by recipes/run.sh; not run on its own).
 #
-# One place for the paper's training setup (spec §6.1, verl_notes §9), the per-size deltas (TP/PP,
-# token budgets, offload; sized for 8 x 80 GB H100 per node, justified in docs/recipes.md), the
-# per-method deltas (STAPO, its ablations, GRPO, 20-Entropy, JustRL; spec §8-§9, A17/A18), the engine
+# One place for the paper's training setup (arXiv 2602.15620 §4, which follows JustRL), the per-size deltas
+# (TP/PP, token budgets, offload; sized for 8 x 80 GB H100 per node, justified in docs/recipes.md), the
+# per-method deltas (STAPO, its masking ablations, GRPO, 20-Entropy, JustRL; docs/recipes.md), the engine
 # switch (ENGINE=megatron|fsdp) and the precision switch (PRECISION=bf16|fp8). Everything is a Hydra
 # override of verl 0.9.1's ppo_trainer config, so `--dry-run` validates exactly what
 # `python -m verl.trainer.main_ppo` would receive.
@@ -19,6 +19,14 @@
 # Allowed values (checked before anything runs, so a typo fails fast with the list).
 STAPO_SIZES=(tiny 1.7b 8b 14b)
 STAPO_METHODS=(stapo stapo_high_entropy stapo_random stapo_full_mask grpo top_entropy justrl)
+# The methods that are verl's vanilla loss plus one of the plugin's policy token masks
+# (actor_rollout_ref.actor.policy_loss.token_mask); `stapo` is loss_mode=stapo, i.e. vanilla + s2t.
+declare -A STAPO_METHOD_MASK=(
+    [stapo_high_entropy]=s2t_high_entropy
+    [stapo_random]=s2t_random
+    [stapo_full_mask]=s2t_full
+    [top_entropy]=top_entropy
+)
 STAPO_PRECISIONS=(bf16 fp8)
 STAPO_ENGINES=(megatron fsdp)
 
@@ -86,11 +94,9 @@ stapo_size_defaults() {
             actor_rollout_ref.rollout.calculate_log_probs=True
             trainer.max_actor_ckpt_to_keep=2
         )
-        # The silenced-token dump (stapo_verl/token_dump.py) is on for the S2T methods of the tiny run;
-        # `method` is stapo_build_overrides' local (bash scoping), STAPO_STATS_SOURCE the user's choice.
-        # STAPO_DUMP_TOKENS=0 turns it off.
-        if stapo_is_true "${STAPO_DUMP_TOKENS:-1}" && [[ ${method:-} == stapo* ]] &&
-            [[ ${STAPO_STATS_SOURCE:-old_policy} != current_micro_batch ]]; then
+        # The silenced-token dump (stapo_verl/minibatch/token_dump.py) is on for the S2T methods of the tiny run;
+        # `method` is stapo_build_overrides' local (bash scoping). STAPO_DUMP_TOKENS=0 turns it off.
+        if stapo_is_true "${STAPO_DUMP_TOKENS:-1}" && [[ ${method:-} == stapo* ]]; then
             STAPO_SIZE_OVERRIDES+=(actor_rollout_ref.actor.policy_loss.dump_tokens=True)
         fi
         # <<< tiny size
@@ -131,7 +137,7 @@ stapo_env_defaults() {
     : "${PROJECT_NAME:=stapo}"
     : "${EXP_NAME:=qwen3-${size}-${method}-${PRECISION}}"
     : "${CKPT_PATH:=$CKPT_DIR/$PROJECT_NAME/$EXP_NAME}"
-    # Data: DAPO-Math-17k, 256 prompts a step, 1k prompt / 15k response (spec §6.1, A13).
+    # Data: DAPO-Math-17k, 256 prompts a step, 1k prompt / 15k response (the paper's setup).
     local d=$DATA_DIR
     [[ -n ${TRAIN_FILES:-} ]] || TRAIN_FILES="'$d/dapo-math-17k.parquet'"
     [[ -n ${VAL_FILES:-} ]] ||
@@ -139,7 +145,8 @@ stapo_env_defaults() {
     : "${TRAIN_BATCH_SIZE:=256}" "${PPO_MINI_BATCH_SIZE:=64}" "${ROLLOUT_N:=8}"
     : "${MAX_PROMPT_LEN:=1024}" "${MAX_RESPONSE_LEN:=15360}"
     : "${LR:=1e-6}" "${LR_WARMUP_STEPS:=10}"
-    # Spec A13: the raw DAPO-Math-17k parquet is ~100x duplicated, so the length is set in steps.
+    # The paper gives no step count (its curves go past 3,000 steps) and the raw DAPO-Math-17k parquet is
+    # ~100x duplicated, so the run length is set in steps, not epochs.
     : "${TOTAL_STEPS:=3000}"
     # verl's loop also stops at trainer.total_epochs (default 30: 30 x 67 = 2,010 steps on the
     # deduplicated 17,188 rows). Every epoch has >= 1 step, so TOTAL_STEPS epochs never bind first;
@@ -148,15 +155,17 @@ stapo_env_defaults() {
     : "${TEST_FREQ:=20}"
     : "${SAVE_FREQ:=100}"
     : "${VAL_BEFORE_TRAIN:=True}"
-    # Spec §6.2 "training-aligned" decoding (T=1.0, top-p 1.0). verl has one n for all validation
+    # The paper's "training-aligned" decoding (T=1.0, top-p 1.0). verl has one n for all validation
     # files, so in-training validation uses avg@4 everywhere; the avg@32 numbers for AIME/AMC come
     # from the offline evaluation (stapo_verl.eval). JustRL setting: VAL_TEMPERATURE=0.7 VAL_TOP_P=0.9.
     : "${VAL_N:=4}" "${VAL_TEMPERATURE:=1.0}" "${VAL_TOP_P:=1.0}"
     : "${LOGGER:=['console','wandb']}"
-    # STAPO hyperparameters (spec §0) and ablation knobs.
+    # STAPO hyperparameters (the paper's tau_p = 0.002, q = 0.75) and ablation knobs.
+    # STAPO_STATS_SOURCE: old_policy (verl's old-log-prob pass) | current_minibatch (one extra no-grad forward
+    # per optimizer mini-batch, the paper's Algorithm 1).
     : "${STAPO_TAU_P:=0.002}" "${STAPO_Q:=0.75}" "${STAPO_STATS_SOURCE:=old_policy}"
-    : "${TOP_ENTROPY_RATIO:=0.2}" "${TOP_ENTROPY_NORMALIZER:=kept}"
-    # Spec A17: GRPO baseline KL coefficient (not given by the paper; verl's GRPO example value).
+    : "${TOP_ENTROPY_RATIO:=0.2}"
+    # GRPO baseline KL coefficient: the paper does not give it; 0.001 is verl's GRPO example value.
     : "${GRPO_KL_COEF:=0.001}"
     # FP8 knobs (only read when PRECISION=fp8). verl docs/low_precision/fp8.md: hybrid + blockwise
     # on Hopper, token-level TIS with C=2 next to FP8 rollout.
@@ -164,7 +173,7 @@ stapo_env_defaults() {
     : "${DIST_CKPT_PATH:=}"
     # Stop tokens: vLLM stops at the eos ids of the generation config it loads. Qwen3 base models list
     # only <|endoftext|> there while their chat template ends a turn with <|im_end|>, so the recipe
-    # points vLLM's `generation_config` engine arg at a copy that lists both (stapo_verl/stop_tokens.py
+    # points vLLM's `generation_config` engine arg at a copy that lists both (stapo_verl/launch/stop_tokens.py
     # writes it at launch, from the model's own tokenizer/generation config). STOP_AT_END_OF_TURN=0:
     # use the model's generation config as is.
     : "${STOP_AT_END_OF_TURN:=1}" "${GEN_CONFIG_DIR:=$CKPT_PATH/generation_config}"
@@ -210,10 +219,10 @@ stapo_forward_env() {
 }
 
 # ---------------------------------------------------------------------------------------------------
-# The paper's setup (spec §6.1 / verl_notes §9). Appends to the global array STAPO_OVERRIDES.
+# The paper's setup (JustRL's recipe plus S2T). Appends to the global array STAPO_OVERRIDES.
 stapo_base_overrides() {
     STAPO_OVERRIDES+=(
-        # GRPO advantage, G = 8, no KL anywhere, no entropy bonus (spec §3.2, D19).
+        # GRPO advantage, G = 8, no KL anywhere, no entropy bonus (the paper's objective has neither).
         algorithm.adv_estimator=grpo
         algorithm.norm_adv_by_std_in_grpo=True
         algorithm.use_kl_in_reward=False
@@ -228,7 +237,8 @@ stapo_base_overrides() {
         data.shuffle=True
         "actor_rollout_ref.model.path='$MODEL_PATH'"
         actor_rollout_ref.model.use_remove_padding=True
-        # Optimizer: AdamW, lr 1e-6 constant after 10 warm-up steps, wd 0.1, clip 1.0 (spec §6.1, A12).
+        # Optimizer: AdamW, lr 1e-6 constant after 10 warm-up steps; weight decay 0.1 and gradient clip 1.0 are
+        # not listed by the paper and taken from JustRL.
         "actor_rollout_ref.actor.optim.lr=$LR"
         "actor_rollout_ref.actor.optim.lr_warmup_steps=$LR_WARMUP_STEPS"
         actor_rollout_ref.actor.optim.weight_decay=0.1
@@ -238,14 +248,14 @@ stapo_base_overrides() {
         actor_rollout_ref.actor.ppo_epochs=1
         actor_rollout_ref.actor.use_dynamic_bsz=True
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$PPO_MAX_TOKEN_LEN"
-        # Clip-higher 0.2/0.28, dual clip c = 10, token-mean (spec §3.3, A11).
+        # Clip-higher 0.2/0.28, token-mean; dual clip c = 10 (not listed by the paper; JustRL's value).
         actor_rollout_ref.actor.clip_ratio_low=0.2
         actor_rollout_ref.actor.clip_ratio_high=0.28
         actor_rollout_ref.actor.clip_ratio_c=10.0
         actor_rollout_ref.actor.loss_agg_mode=token-mean
         actor_rollout_ref.actor.entropy_coeff=0
         actor_rollout_ref.actor.use_kl_loss=False
-        # vLLM rollout, async server mode, n = 8, T = 1.0, top-p 1.0 (spec §6.1).
+        # vLLM rollout, async server mode, n = 8, T = 1.0, top-p 1.0.
         actor_rollout_ref.rollout.name=vllm
         actor_rollout_ref.rollout.mode=async
         "actor_rollout_ref.rollout.n=$ROLLOUT_N"
@@ -256,12 +266,12 @@ stapo_base_overrides() {
         "actor_rollout_ref.rollout.gpu_memory_utilization=$ROLLOUT_GPU_MEM_UTIL"
         actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=$LOGPROB_MAX_TOKEN_LEN"
-        # Validation on the six benchmarks (spec §6.2); verl's default is greedy n = 1.
+        # Validation on the six benchmarks, sampled; verl's default is greedy n = 1.
         actor_rollout_ref.rollout.val_kwargs.do_sample=True
         "actor_rollout_ref.rollout.val_kwargs.n=$VAL_N"
         "actor_rollout_ref.rollout.val_kwargs.temperature=$VAL_TEMPERATURE"
         "actor_rollout_ref.rollout.val_kwargs.top_p=$VAL_TOP_P"
-        # Reward: DAPO manager (overlong penalty off) with our strict-box scorer (spec A15).
+        # Reward: DAPO manager (overlong penalty off) with the project's strict-box scorer (stapo_verl.rewards).
         reward.reward_manager.name=dapo
         reward.custom_reward_function.path=pkg://stapo_verl.rewards
         reward.custom_reward_function.name=compute_score
@@ -339,8 +349,9 @@ stapo_engine_overrides() {
 }
 
 # ---------------------------------------------------------------------------------------------------
-# Per-method deltas on top of the base (JustRL = base; STAPO = JustRL + S2T; spec §9, §10). Shared by
-# every size, tiny included.
+# Per-method deltas on top of the base (JustRL = base; STAPO = JustRL + S2T). Shared by every size, tiny
+# included. The masking ablations and 20-Entropy are verl's vanilla loss with one of the plugin's policy
+# token masks (STAPO_METHOD_MASK above); the mask acts on the policy-gradient term only.
 stapo_method_overrides() {
     local method=$1
     local model_engine=dp
@@ -348,26 +359,28 @@ stapo_method_overrides() {
     # The plugin's config-group option: the engine's actor defaults + StapoPolicyLossConfig with the
     # STAPO keys declared, so they are set without `+` (stapo_verl/config_store.py).
     local stapo_actor="actor@actor_rollout_ref.actor=stapo_${model_engine}_actor"
+    local pl=actor_rollout_ref.actor.policy_loss
     case $method in
     stapo | stapo_high_entropy | stapo_random | stapo_full_mask)
-        STAPO_OVERRIDES+=(
-            "$stapo_actor"
-            "actor_rollout_ref.actor.policy_loss.loss_mode=$method"
-            "actor_rollout_ref.actor.policy_loss.tau_p=$STAPO_TAU_P"
-            "actor_rollout_ref.actor.policy_loss.entropy_quantile=$STAPO_Q"
-            "actor_rollout_ref.actor.policy_loss.stats_source=$STAPO_STATS_SOURCE"
-        )
-        # The current-policy route reads entropy from the training forward (verl_notes §0.2).
-        if [[ $STAPO_STATS_SOURCE == current_micro_batch ]]; then
-            STAPO_OVERRIDES+=(actor_rollout_ref.actor.calculate_entropy=True)
+        STAPO_OVERRIDES+=("$stapo_actor")
+        if [[ $method == stapo ]]; then
+            STAPO_OVERRIDES+=("$pl.loss_mode=stapo")
+        else
+            STAPO_OVERRIDES+=("$pl.loss_mode=vanilla" "$pl.token_mask=${STAPO_METHOD_MASK[$method]}")
         fi
+        STAPO_OVERRIDES+=(
+            "$pl.tau_p=$STAPO_TAU_P"
+            "$pl.entropy_quantile=$STAPO_Q"
+            "$pl.stats_source=$STAPO_STATS_SOURCE"
+        )
         ;;
     justrl)
-        # verl's own vanilla loss with the base's clip-higher (spec §9.3).
+        # verl's own vanilla loss with the base's clip-higher (JustRL, arXiv 2512.16649).
         STAPO_OVERRIDES+=(actor_rollout_ref.actor.policy_loss.loss_mode=vanilla)
         ;;
     grpo)
-        # Spec A17: symmetric clip, per-sequence mean, KL loss low_var_kl with beta = 0.001.
+        # "As in the original paper" (DeepSeekMath, arXiv 2402.03300): symmetric clip 0.2, per-sequence mean,
+        # KL loss low_var_kl with beta = GRPO_KL_COEF; same data, lengths, batches and optimizer as JustRL.
         STAPO_OVERRIDES+=(
             actor_rollout_ref.actor.policy_loss.loss_mode=vanilla
             actor_rollout_ref.actor.clip_ratio_high=0.2
@@ -386,13 +399,15 @@ stapo_method_overrides() {
         fi
         ;;
     top_entropy)
-        # 20-Entropy (spec §9.2, A18): keep the top 20 % tokens by current-policy entropy.
+        # 20-Entropy (Wang et al. 2025, arXiv 2506.01939): the policy gradient of the 20 % highest-entropy
+        # tokens of each optimizer mini-batch only, ranked by the old policy's entropy (verl's old-log-prob
+        # pass; no gradient-carrying entropy, so calculate_entropy stays False).
         STAPO_OVERRIDES+=(
             "$stapo_actor"
-            actor_rollout_ref.actor.policy_loss.loss_mode=top_entropy
-            "actor_rollout_ref.actor.policy_loss.top_entropy_ratio=$TOP_ENTROPY_RATIO"
-            "actor_rollout_ref.actor.policy_loss.top_entropy_normalizer=$TOP_ENTROPY_NORMALIZER"
-            actor_rollout_ref.actor.calculate_entropy=True
+            "$pl.loss_mode=vanilla"
+            "$pl.token_mask=${STAPO_METHOD_MASK[top_entropy]}"
+            "$pl.top_entropy_ratio=$TOP_ENTROPY_RATIO"
+            "$pl.stats_source=$STAPO_STATS_SOURCE"
         )
         ;;
     *) stapo_die "unknown method '$method' (allowed: ${STAPO_METHODS[*]})" ;;
@@ -404,11 +419,11 @@ stapo_method_overrides() {
 # docs/low_precision/fp8.md "FP8 End-to-End": TE FP8 GEMMs with block-wise scaling, FP8 optimizer
 # recipe, FP8 vLLM rollout, and token-level TIS against the train/rollout mismatch. The LM head stays
 # BF16 on both sides (Megatron-Core's output layer is not a TE module; verl's vLLM FP8 path quantises
-# LinearBase layers only), and the entropy / log-prob reductions are the loss code's job (spec A7).
-# FP8 is not always faster than BF16 (verl_notes D18): benchmark it on your cluster first.
+# LinearBase layers only), so the entropy and log-probs the token mask reads never come from FP8 logits.
+# FP8 is not always faster than BF16 (docs/recipes.md, "FP8"): benchmark it on your cluster first.
 stapo_precision_overrides() {
     [[ $PRECISION == fp8 ]] || return 0
-    # verl's FP8 path requires this in every worker, not only the driver (verl_notes §8).
+    # verl's FP8 path requires this in every worker, not only the driver (verl docs/low_precision/fp8.md).
     export NVTE_FP8_BLOCK_SCALING_FP32_SCALES=1
     STAPO_OVERRIDES+=(
         "+actor_rollout_ref.actor.megatron.override_transformer_config.fp8=$FP8_FORMAT"
@@ -457,6 +472,6 @@ recipes/slurm/qwen3_8b_stapo.sbatch)"
 # only; --dry-run shows what it would hold). The ids come from the model's own files.
 stapo_write_generation_config() {
     stapo_is_true "$STOP_AT_END_OF_TURN" || return 0
-    "$PY" -m stapo_verl.stop_tokens --model "$MODEL_PATH" --out "$GEN_CONFIG_DIR" >&2 ||
+    "$PY" -m stapo_verl.launch.stop_tokens --model "$MODEL_PATH" --out "$GEN_CONFIG_DIR" >&2 ||
         stapo_die "could not write the stop-token generation config for MODEL_PATH='$MODEL_PATH' into '$GEN_CONFIG_DIR' (STOP_AT_END_OF_TURN=0 skips it)"
 }

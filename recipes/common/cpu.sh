@@ -34,8 +34,8 @@
 #   multi-node Ray, Slurm                    -> one local ray.init (no dashboard)
 #   wandb                                    -> console + verl's `file` logger (metrics.jsonl)
 #   Qwen3-{1.7,8,14}B-Base, DAPO-Math-17k
-#     and the six benchmarks                 -> tiny Qwen3 + synthetic arithmetic (+ GSM8K/MATH500
-#                                               slices) from python -m stapo_verl.cpu.make_assets
+#     and the six benchmarks                 -> tiny Qwen3 + synthetic arithmetic from
+#                                               python -m stapo_verl.cpu.make_assets (no download)
 #   DataLoader worker processes              -> 0 (in-process loading; the data is a few MB in memory,
 #                                               and workers only compete for the cores)
 # ---------------------------------------------------------------------------------------------------
@@ -46,8 +46,9 @@
 stapo_cpu_setup() {
     local method=$1 root
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-    # The project's venv; created by scripts/setup_env.sh on first use (it honours STAPO_VENV too).
-    if [[ -z ${STAPO_VENV:-} && ! -x $root/.venv/bin/python ]] || [[ -n ${STAPO_VENV:-} && ! -x ${STAPO_VENV}/bin/python ]]; then
+    # The project's venv: scripts/setup_env.sh creates or updates it (a no-op when its stamp matches setup.cfg).
+    # A STAPO_VENV the user chose is used as it is.
+    if [[ -z ${STAPO_VENV:-} ]]; then
         STAPO_VENV="$(bash "$root/scripts/setup_env.sh" | tail -n 1)"
         export STAPO_VENV
     fi
@@ -56,6 +57,8 @@ stapo_cpu_setup() {
     export VERL_PLATFORM=cpu RAY_AUTH_MODE=disabled WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
     export RAY_DISABLE_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
     export PYTHONHASHSEED=0
+    # TransferQueue's thread pool in this (driver) process; the workers get it through ray_init.runtime_env.
+    export TQ_NUM_THREADS=1
 
     : "${ENGINE:=fsdp}"
     : "${PRECISION:=bf16}"
@@ -79,23 +82,16 @@ stapo_cpu_setup() {
     esac
 
     ASSETS="${STAPO_ASSETS:-$HOME/.cache/stapo_verl/tiny}"
-    # Its progress goes to stderr, so --print-overrides' stdout stays the override list.
-    "$PY" -m stapo_verl.cpu.make_assets --out "$ASSETS" >&2 ||
+    # Progress on stderr; stdout is the three values read below (so --print-overrides' stdout stays the list).
+    local assets
+    assets="$("$PY" -m stapo_verl.cpu.make_assets --out "$ASSETS" --print-recipe-vars)" ||
         stapo_die "building the tiny assets in $ASSETS failed (python -m stapo_verl.cpu.make_assets --out $ASSETS)"
-    local manifest
-    manifest="$("$PY" -c '
-import json, sys
-m = json.load(open(sys.argv[1]))
-print(m["model_dir"])
-print(repr(m["train_file"]))
-print("[" + ",".join(repr(f) for f in [m["val_file"], *m["benchmark_val_files"]]) + "]")
-' "$ASSETS/assets.json")" || stapo_die "cannot read $ASSETS/assets.json"
     # shellcheck disable=SC2034  # read by recipes/common/base.sh
     {
         read -r MODEL_PATH
         read -r TRAIN_FILES
         read -r VAL_FILES
-    } <<<"$manifest"
+    } <<<"$assets"
 }
 
 # stapo_cpu_overrides: the CPU platform delta, appended after the base / size / method overrides.
@@ -113,6 +109,9 @@ stapo_cpu_overrides() {
         # On 2 shared cores intra-op thread spinning made torch an order of magnitude slower.
         "+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='1'"
         "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_CPU_ROLLOUT_THREADS='1'"
+        # TransferQueue sizes its put/get thread pool from TQ_NUM_THREADS (default 8) and warns on every call
+        # when that exceeds the physical cores (hundreds of lines a run on 2 cores).
+        "+ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS='1'"
         transfer_queue.backend.SimpleStorage.num_data_storage_units=1
         # Rollout: the CPU server instead of vLLM (one agent-loop worker, one reward worker).
         actor_rollout_ref.rollout.name=cpu
@@ -124,6 +123,8 @@ stapo_cpu_overrides() {
         "data.dataloader_num_workers=$DATALOADER_WORKERS"
         # Validation generations (verl's dump): the report's standard errors come from them.
         "trainer.validation_data_dir='$RUN_DIR/val_generations'"
+        # Hydra's output (the composed config in .hydra/, main_ppo.log) in the run dir, not ./outputs/<date>.
+        "hydra.run.dir='$RUN_DIR/hydra'"
     )
     case $ENGINE in
     fsdp) stapo_cpu_fsdp overrides ;;
@@ -167,7 +168,7 @@ stapo_cpu_megatron() {
     overrides)
         STAPO_OVERRIDES+=(
             actor_rollout_ref.actor.megatron.use_mbridge=True
-            # Megatron-Bridge cannot be installed on CPU (issue 8); mbridge converts the same weights.
+            # Megatron-Bridge cannot be installed without CUDA; mbridge converts the same weights.
             actor_rollout_ref.actor.megatron.vanilla_mbridge=True
             # mbridge turns sequence parallelism on whenever TP > 1; the local spec's norm cannot run it.
             +actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False
@@ -177,56 +178,53 @@ stapo_cpu_megatron() {
 }
 # <<< megatron on cpu
 
-# stapo_cpu_run_is_complete <method> <extra overrides...>: 0 (and a message) when the run directory already holds
-# the final checkpoint of this invocation's trainer.total_training_steps (verl would resume from it,
-# train nothing and exit).
-stapo_cpu_run_is_complete() {
-    local method=$1 steps=$TOTAL_STEPS resume=auto a latest_file latest
-    shift
-    for a in "$@"; do
-        case $a in
-        trainer.total_training_steps=*) steps=${a#*=} ;;
-        trainer.resume_mode=*) resume=${a#*=} ;;
-        esac
-    done
-    [[ $resume == auto ]] || return 1
-    latest_file="$CKPT_PATH/latest_checkpointed_iteration.txt"
-    [[ -s $latest_file ]] || return 1
-    latest="$(tr -d '[:space:]' <"$latest_file")"
-    [[ $latest =~ ^[0-9]+$ && $steps =~ ^[0-9]+$ ]] || return 1
-    ((latest >= steps)) || return 1
-    cat >&2 <<EOF
-[stapo recipe] $RUN_DIR is already complete: its checkpoint is at step $latest and this run trains
-[stapo recipe] trainer.total_training_steps=$steps, so nothing would be trained. Nothing was run.
-[stapo recipe]   start another run:   STAPO_RUN_DIR=${RUN_DIR}_2 bash recipes/tiny_cpu_${method}.sh
-[stapo recipe]   (or delete $RUN_DIR and run the same command again)
-[stapo recipe]   train this one on:   bash recipes/tiny_cpu_${method}.sh trainer.total_training_steps=$((latest + 10))
-[stapo recipe] its results: $RUN_DIR/summary.md
-EOF
-    return 0
+# stapo_cpu_command <method>: the command a user types for this tiny run (for messages).
+stapo_cpu_command() {
+    if [[ -f $RECIPES_DIR/tiny_cpu_$1.sh ]]; then
+        echo "bash recipes/tiny_cpu_$1.sh"
+    else
+        echo "bash recipes/run.sh tiny $1"
+    fi
 }
 
-# stapo_cpu_train <method> <extra overrides...>: run main_ppo with STAPO_OVERRIDES, log, then post-process.
+# stapo_cpu_train <method>: train with STAPO_OVERRIDES, log, then post-process.
+#
+# python -m stapo_verl.launch.train composes STAPO_OVERRIDES with verl's config (Hydra) and says whether verl would
+# train anything: when the checkpoint verl resumes from is already at the run's last step, it says so and nothing
+# is run (exit 3). Otherwise it writes the stop-token generation config, keeps an earlier metrics.jsonl, and runs
+# verl.trainer.main_ppo in the same process (verl is imported once). Its whole output is appended to
+# $RUN_DIR/train.log; the terminal shows one line per step, errors and the summary (python -m
+# stapo_verl.launch.console; STAPO_CONSOLE=full shows everything).
 stapo_cpu_train() {
-    if stapo_cpu_run_is_complete "$@"; then
-        return 0
+    local method=$1 rc start end wall
+    local train=("$PY" -m stapo_verl.launch.train --run-dir "$RUN_DIR" --command "$(stapo_cpu_command "$method")")
+    if stapo_is_true "$STOP_AT_END_OF_TURN"; then
+        train+=(--stop-tokens "$MODEL_PATH" "$GEN_CONFIG_DIR")
     fi
+    train+=(-- "${STAPO_OVERRIDES[@]}")
     mkdir -p "$RUN_DIR"
-    stapo_write_generation_config
-    # verl's file logger truncates its file: keep earlier invocations' metrics (e.g. before a resume),
-    # so that metrics.jsonl and the report hold this invocation only.
-    if [[ -s $RUN_DIR/metrics.jsonl ]]; then
-        mv "$RUN_DIR/metrics.jsonl" "$RUN_DIR/metrics.$(date +%s).jsonl"
-    fi
-    local start end rc wall
     start=$(date +%s)
     set +e
-    "$PY" -m verl.trainer.main_ppo "${STAPO_OVERRIDES[@]}" 2>&1 | tee "$RUN_DIR/train.log"
+    if [[ ${STAPO_CONSOLE:-} == full ]]; then
+        "${train[@]}" 2>&1 | tee -a "$RUN_DIR/train.log"
+    else
+        "${train[@]}" 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log"
+    fi
     rc=${PIPESTATUS[0]}
     set -e
+    case $rc in
+    3) return 0 ;; # already complete: nothing was run
+    2) stapo_die "the overrides do not compose with verl's config (message above)" ;;
+    esac
     end=$(date +%s)
     wall=$((end - start))
     echo "{\"wall_seconds\": $wall, \"returncode\": $rc}" >"$RUN_DIR/wall.json"
-    "$PY" -m stapo_verl.plots report --run "$RUN_DIR" --wall-seconds "$wall" || echo "[stapo recipe] report failed" >&2
+    if ((rc != 0)); then
+        echo "[stapo recipe] main_ppo failed (exit $rc); the end of $RUN_DIR/train.log:" >&2
+        tail -n 40 "$RUN_DIR/train.log" >&2
+    fi
+    if [[ -s $RUN_DIR/metrics.jsonl ]]; then
+        "$PY" -m stapo_verl.plots report --run "$RUN_DIR" --wall-seconds "$wall" || echo "[stapo recipe] report failed" >&2
+    fi
     return "$rc"
 }

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The paper's ablations (spec §8) as loops over recipes/run.sh: one training run per point, in sequence.
+# The paper's ablations (its tau_p, q and masking studies) as loops over recipes/run.sh: one training run per point, in sequence.
 #
 #   recipes/sweeps/sweep.sh <1.7b|8b|14b> <tau_p|q|mask> [--dry-run | --print-overrides] [hydra overrides...]
 #
 #   tau_p  STAPO_TAU_P over TAU_P_VALUES   (default "0.0002 0.002 0.02 0.2"; v1 swept 2e-3 -> 2e-1)
-#   q      STAPO_Q     over Q_VALUES       (default "0.5 0.75 0.8 0.9"; 0.8 = the v1 "80 %" reading, A5)
+#   q      STAPO_Q     over Q_VALUES       (default "0.5 0.75 0.8 0.9"; 0.8 = the paper v1's "80 %" reading)
 #   mask   the masking variants in MASK_METHODS
 #          (default "stapo stapo_high_entropy stapo_random stapo_full_mask"; full_mask = JustRL-FullMask)
-#   SWEEP_METHOD   loss mode swept by tau_p / q (default stapo; e.g. stapo_random for the q-vs-random study)
+#   SWEEP_METHOD   recipe method swept by tau_p / q (default stapo; e.g. stapo_random for the q-vs-random study)
 #
 # Every point gets its own EXP_NAME (and so its own checkpoint directory). On a cluster, submit points
 # as separate jobs instead: e.g. `STAPO_TAU_P=0.02 EXP_NAME=... sbatch recipes/slurm/qwen3_8b_stapo.sbatch`.

@@ -1,8 +1,12 @@
 """CPU backend for verl 0.9.1: platform, engine registration, HF-transformers rollout, tiny assets, and the
-megatron-core/mbridge shims for verl's Megatron engine (:mod:`stapo_verl.cpu.megatron`, applied on import).
+megatron-core/mbridge shims for verl's Megatron engine (:mod:`stapo_verl.cpu.megatron_shims`, applied on import).
 
 Loaded by :mod:`stapo_verl.plugin` only when ``VERL_PLATFORM=cpu``; :func:`register` runs in every process
-(driver, TaskRunner, Ray workers) at ``import verl`` time, before verl's FSDP engine module is imported.
+(driver, TaskRunner, Ray workers) at ``import verl`` time, before verl's FSDP engine module is imported. It registers
+the platform at once and everything else with post-import hooks (:func:`stapo_verl.integration.post_import.
+when_imported`), when verl itself imports the module concerned: a process that never builds an engine or a rollout
+(the driver, the reward and agent-loop workers) does not import verl's engine stack (megatron-core, peft, ...) for
+the plugin's sake, which on 2 cores saved seconds per process at start-up.
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ _REGISTERED = False
 def _patch_process_group_backend() -> None:
     """Make verl's Ray process-group init use plain ``gloo`` when no backend is passed.
 
-    verl builds ``"cpu:gloo,{device}:{backend}"`` (``verl/utils/distributed.py:89``), i.e.
+    ``verl.utils.distributed.initialize_global_process_group_ray`` builds ``"cpu:gloo,{device}:{backend}"``, i.e.
     ``"cpu:gloo,cpu:gloo"`` on this platform, which torch 2.13 rejects (``Duplicate device type cpu``).
     This is the backend's single monkeypatch. Patches the module attribute and, if already imported, the
-    name bound in ``verl.workers.engine_workers`` (``from ... import`` at its line 38).
+    name ``verl.workers.engine_workers`` binds with ``from ... import``.
     """
     import verl.utils.distributed as vd
 
@@ -43,7 +47,8 @@ def _patch_process_group_backend() -> None:
 
 
 def _register_engines() -> None:
-    """Register verl's FSDP/FSDP2 engines for device ``cpu`` (mirrors ``transformer_impl.py:1143, 1594``)."""
+    """Register verl's FSDP/FSDP2 engines for device ``cpu`` in ``verl.workers.engine.base.EngineRegistry`` (as
+    ``verl.workers.engine.fsdp.transformer_impl`` registers them for ``cuda`` / ``npu``)."""
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead, FSDPEngineWithValueHead
 
@@ -57,22 +62,23 @@ def _register_engines() -> None:
             EngineRegistry.register(model_type=model_type, backend=missing, device="cpu")(cls)
 
 
-def _register_rollout() -> None:
-    """Register the ``cpu`` rollout in both verl rollout registries.
-
-    * ``verl/workers/rollout/base.py:89`` ``_ROLLOUT_REGISTRY[(name, "async")]`` → adapter class path
-      (looked up in the trainer worker, ``engine_workers.py:667``);
-    * ``verl/workers/rollout/replica.py:312`` ``RolloutReplicaRegistry`` → replica loader (TaskRunner).
-    """
+def _register_rollout_adapter() -> None:
+    """``verl.workers.rollout.base._ROLLOUT_REGISTRY[("cpu", "async")]`` → the adapter class path (looked up by the
+    trainer worker, ``verl.workers.engine_workers``)."""
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     _ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_PATH
 
-    def _load_cpu_replica():
-        from stapo_verl.cpu.rollout_replica import CPUReplica
 
-        return CPUReplica
+def _load_cpu_replica():
+    from stapo_verl.cpu.rollout_replica import CPUReplica
+
+    return CPUReplica
+
+
+def _register_rollout_replica() -> None:
+    """``verl.workers.rollout.replica.RolloutReplicaRegistry["cpu"]`` → the replica loader (TaskRunner)."""
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_cpu_replica)
 
@@ -80,10 +86,10 @@ def _register_rollout() -> None:
 def _patch_fsdp2_offload_pin_memory() -> None:
     """Build verl's FSDP2 ``CPUOffloadPolicy`` with ``pin_memory=False`` (forward-only engines: ref model).
 
-    ``verl/workers/engine/fsdp/transformer_impl.py:462`` constructs ``CPUOffloadPolicy(pin_memory=True)`` for
-    every forward-only FSDP2 engine; pinning needs a CUDA build and fails on CPU-only torch. That line is the
-    only construction site in the module, and ``verl.utils.fsdp_utils`` keeps the real class for its type
-    checks, so only the module-level name is replaced. Idempotent.
+    ``verl.workers.engine.fsdp.transformer_impl`` constructs ``CPUOffloadPolicy(pin_memory=True)`` for every
+    forward-only FSDP2 engine; pinning needs a CUDA build and fails on CPU-only torch. That is the only
+    construction site in the module, and ``verl.utils.fsdp_utils`` keeps the real class for its type checks, so
+    only the module-level name is replaced. Idempotent.
     """
     import verl.workers.engine.fsdp.transformer_impl as ti
 
@@ -99,18 +105,28 @@ def _patch_fsdp2_offload_pin_memory() -> None:
 
 
 def _install_megatron_hooks() -> None:
-    """CPU shims for verl's Megatron engine (:mod:`stapo_verl.cpu.megatron`), applied by a post-import hook when
+    """CPU shims for verl's Megatron engine (:mod:`stapo_verl.cpu.megatron_shims`), applied by a post-import hook when
     verl imports ``verl.workers.engine.megatron`` / ``mbridge``; megatron-core is never imported from here."""
-    from stapo_verl.cpu.megatron import install_hooks
+    from stapo_verl.cpu.megatron_shims import install_hooks
 
     install_hooks()
+
+
+#: verl module → what this backend installs right after verl imports it (each idempotent)
+_HOOKS = (
+    ("verl.utils.distributed", lambda _m: _patch_process_group_backend()),
+    ("verl.workers.engine.fsdp.transformer_impl", lambda _m: (_register_engines(), _patch_fsdp2_offload_pin_memory())),
+    ("verl.workers.rollout.base", lambda _m: _register_rollout_adapter()),
+    ("verl.workers.rollout.replica", lambda _m: _register_rollout_replica()),
+)
 
 
 def register() -> None:
     """Install the CPU backend in this process (idempotent).
 
-    Order matters: the platform class is registered first, because importing
-    ``verl.workers.engine.fsdp.transformer_impl`` freezes ``get_device_name()`` at import time.
+    The platform class is registered at once (importing ``verl.workers.engine.fsdp.transformer_impl`` freezes
+    ``get_device_name()``); the process-group patch, the engine and rollout registrations and the FSDP2 offload
+    policy follow through post-import hooks on the verl modules they touch (run at once where already imported).
 
     Raises:
         RuntimeError: if after registration verl's platform singleton is not :class:`PlatformCPU`
@@ -122,12 +138,11 @@ def register() -> None:
     from verl.plugin.platform import PlatformRegistry
 
     from stapo_verl.cpu.platform import PlatformCPU
+    from stapo_verl.integration.post_import import when_imported
 
     PlatformRegistry.register(platform="cpu")(PlatformCPU)
-    _patch_process_group_backend()
-    _register_engines()
-    _patch_fsdp2_offload_pin_memory()
-    _register_rollout()
+    for module, hook in _HOOKS:
+        when_imported(module, hook)
     _install_megatron_hooks()
     from verl.utils.device import get_device_name
 

@@ -1,8 +1,8 @@
-"""Build (once, cached) the tiny assets of the CPU run: tokenizer, Qwen3 model, synthetic data, benchmark slice.
+"""Build (once, cached) the tiny assets of the CPU run: tokenizer, Qwen3 model, synthetic data. No download.
 
 Usage::
 
-    python -m stapo_verl.cpu.make_assets [--out DIR] [--force]
+    python -m stapo_verl.cpu.make_assets [--out DIR] [--force] [--print-recipe-vars]
 
 ``DIR`` defaults to ``$STAPO_ASSETS`` or ``~/.cache/stapo_verl/tiny``. Layout::
 
@@ -10,7 +10,6 @@ Usage::
                           *base* checkpoint, EOS is <|endoftext|> while chat turns end with <|im_end|>
     DIR/data/train.parquet (4,000 rows), DIR/data/val.parquet (:data:`N_VAL` rows)   synthetic two-step
                           arithmetic word problems (verl schema); the warm start uses 4,000 further rows
-    DIR/data/gsm8k_val.parquet, DIR/data/math500_val.parquet   real rows via `python -m stapo_verl.data.prepare`
     DIR/assets.json       manifest: sizes, warm-start settings and sampled/greedy accuracy, build time, seed;
                           its presence = done
 
@@ -23,11 +22,14 @@ vocabulary at every position, so a sampled answer of ~20 tokens often contains a
 tiny recipe's lr; docs/cpu_backend.md has the measured curves), and the stray tokens inside answers that are still
 right are the low-probability, low-entropy positive-advantage tokens STAPO silences (arXiv 2602.15620 §3).
 
-End of turn vs end of sequence (issue 9 item 2): the tokenizer, ``config.json`` and ``generation_config.json``
+Validation holds the synthetic rows only: real benchmark rows (GSM8K, MATH500) score 0 for a 0.4 M-parameter model
+trained on single-digit arithmetic, so they measure nothing at this scale; the tiny run needs no external data.
+
+End of turn vs end of sequence: the tokenizer, ``config.json`` and ``generation_config.json``
 name ``<|endoftext|>`` as EOS, as Qwen3-Base does, while the chat template and the warm start end the
 assistant turn with ``<|im_end|>`` (and the warm start teaches the base-model habit of opening a new turn
 after it: ``<|im_end|>\n<|im_start|>user\n``). A rollout that stops only at the EOS therefore runs past the
-answer; the recipes stop at both (``stapo_verl.stop_tokens``).
+answer; the recipes stop at both (``stapo_verl.launch.stop_tokens``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,12 +73,6 @@ def default_dir() -> Path:
 
 
 # ----------------------------------------------------------------------------- synthetic problems
-def default_data_src() -> Path:
-    """Published benchmark files: ``$STAPO_DATA_SRC``, else ``<repo>/../shared/data`` (the project's layout)."""
-    env = os.environ.get("STAPO_DATA_SRC")
-    return Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
 def make_problem(rng: random.Random) -> dict:
     """One two-step arithmetic word problem with single-digit operands.
 
@@ -264,66 +259,31 @@ def warm_start(model, tok, train: list[dict], val: list[dict], steps: int = SFT[
             "sft_seconds": round(sft_seconds, 1)}
 
 
-# ----------------------------------------------------------------------------- benchmark slice
-def prepare_benchmarks(data_dir: Path, src_root: Path, max_rows: int, log=print) -> list[str]:
-    """Write ``gsm8k_val.parquet`` / ``math500_val.parquet`` via ``python -m stapo_verl.data.prepare``.
-
-    Returns the list of written parquet paths. A missing source folder or a missing/failed prepare
-    command is reported and skipped (the synthetic validation set still works).
-    """
-    written = []
-    for name in ("gsm8k", "math500"):
-        src = src_root / name
-        target = data_dir / f"{name}_val.parquet"
-        if target.exists():
-            written.append(str(target))
-            continue
-        if not src.is_dir():
-            log(f"[make_assets] skip {name}: {src} not found")
-            continue
-        tmp = data_dir / f"_prep_{name}"
-        cmd = [sys.executable, "-m", "stapo_verl.data.prepare", "--dataset", name, "--src", str(src),
-               "--out", str(tmp), "--max-rows", str(max_rows)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            log(f"[make_assets] skip {name}: `{' '.join(cmd)}` failed: {r.stderr.strip()[-400:]}")
-            continue
-        files = sorted(tmp.rglob("*.parquet"))
-        pick = [f for f in files if "test" in f.name or "val" in f.name] or files
-        if not pick:
-            log(f"[make_assets] skip {name}: prepare wrote no parquet under {tmp}")
-            continue
-        import pandas as pd
-
-        df = pd.read_parquet(pick[0]).head(max_rows)
-        df.to_parquet(target)
-        shutil.rmtree(tmp, ignore_errors=True)
-        written.append(str(target))
-    return written
-
-
 # ----------------------------------------------------------------------------- main
-def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VAL, bench_rows: int = 16,
-          src_root: Path | None = None, log=print) -> dict:
+def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VAL, log=print) -> dict:
     """Build every asset under ``out`` unless the manifest already matches (then return it instantly).
 
+    Args:
+        out: asset directory (created; with ``force`` it is deleted first).
+        force: rebuild even when ``out/assets.json`` has version :data:`ASSET_VERSION`.
+        n_train: RL training rows; n_val: validation rows (the warm start uses 4,000 further rows).
+        log: progress sink (one line per phase).
+
     Returns:
-        the manifest dict (also written to ``out/assets.json``).
+        the manifest dict (also written to ``out/assets.json``): ``model_dir``, ``train_file``, ``val_file``
+        (absolute paths), sizes, the warm-start settings and its sampled/greedy accuracy, ``build_seconds``.
     """
-    src_root = default_data_src() if src_root is None else src_root
     manifest_path = out / "assets.json"
     if manifest_path.exists() and not force:
         m = json.loads(manifest_path.read_text())
         if m.get("version") == ASSET_VERSION:
-            # benchmark rows may have become preparable since the first build
-            if len(m.get("benchmark_val_files", [])) < 2 and m.get("n_train"):
-                m["benchmark_val_files"] = prepare_benchmarks(out / "data", src_root, bench_rows, log)
-                manifest_path.write_text(json.dumps(m, indent=1))
             return m
     t0 = time.time()
     import pandas as pd
     import torch
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # save_pretrained's one-shard progress bar
     # one thread: on shared cores, intra-op thread spinning slows torch down by an order of magnitude
     torch.set_num_threads(int(os.environ.get("STAPO_TORCH_THREADS", "1")))
     random.seed(SEED)
@@ -351,11 +311,10 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
     tok.save_pretrained(str(out / "model"))
     pd.DataFrame([verl_row(p, "train", i) for i, p in enumerate(rl_train)]).to_parquet(out / "data" / "train.parquet")
     pd.DataFrame([verl_row(p, "val", i) for i, p in enumerate(val)]).to_parquet(out / "data" / "val.parquet")
-    bench = prepare_benchmarks(out / "data", src_root, bench_rows, log)
     manifest = {
         "version": ASSET_VERSION, "seed": SEED, "model_dir": str(out / "model"),
         "train_file": str(out / "data" / "train.parquet"), "val_file": str(out / "data" / "val.parquet"),
-        "benchmark_val_files": bench, "n_train": n_train, "n_val": n_val, "vocab_size": len(tok),
+        "n_train": n_train, "n_val": n_val, "vocab_size": len(tok),
         "n_params": sum(p.numel() for p in model.parameters()), "sample_temperature": SAMPLE_TEMPERATURE,
         "eos_token": EOS_TOKEN, "end_of_turn_token": END_OF_TURN, "model": MODEL, "sft": SFT,
         "build_seconds": round(time.time() - t0, 1), **stats,
@@ -364,18 +323,41 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
     return manifest
 
 
+def recipe_vars(manifest: dict) -> list[str]:
+    """The three lines ``recipes/common/cpu.sh`` reads: ``MODEL_PATH``, ``TRAIN_FILES``, ``VAL_FILES``.
+
+    Paths are quoted for Hydra (``'...'``; ``VAL_FILES`` is a one-element list) so a path with ``=`` or ``,`` stays
+    one value. Raises KeyError when the manifest lacks ``model_dir``, ``train_file`` or ``val_file``.
+    """
+    return [manifest["model_dir"], repr(manifest["train_file"]), "[" + repr(manifest["val_file"]) + "]"]
+
+
 def main(argv=None) -> int:
-    """CLI entry: build or reuse the assets and print the manifest path and key numbers."""
+    """CLI entry: build or reuse the assets; one progress line on stderr.
+
+    With ``--print-recipe-vars`` stdout holds exactly the lines of :func:`recipe_vars` (what the tiny recipe reads),
+    otherwise the manifest path.
+    """
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=default_dir())
     ap.add_argument("--force", action="store_true", help="rebuild even if the manifest exists")
-    ap.add_argument("--src", type=Path, default=default_data_src(),
-                    help="root holding gsm8k/ and math500/ (for the benchmark validation slice)")
-    ap.add_argument("--bench-rows", type=int, default=16)
+    ap.add_argument("--print-recipe-vars", action="store_true",
+                    help="print model dir, train file and validation files (one a line) for recipes/common/cpu.sh")
     a = ap.parse_args(argv)
-    m = build(a.out.expanduser().resolve(), force=a.force, src_root=a.src, bench_rows=a.bench_rows)
-    print(json.dumps({k: m.get(k) for k in ("model_dir", "train_file", "val_file", "benchmark_val_files",
-                                        "sft_steps", "sampled_acc", "greedy_acc", "n_params")}, indent=1))
+    out = a.out.expanduser().resolve()
+    manifest = out / "assets.json"
+    cached = not a.force and manifest.exists() and json.loads(manifest.read_text()).get("version") == ASSET_VERSION
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    if not cached:
+        log(f"[make_assets] building the tiny assets in {out} (about a minute on one core; cached afterwards)")
+    m = build(out, force=a.force, log=log)
+    log(f"[make_assets] {out}: {m['n_params']:,}-parameter Qwen3, {m['n_train']} train / {m['n_val']} validation "
+        f"rows, warm start sampled acc {m['sampled_acc']:.2f} (greedy {m['greedy_acc']:.2f})"
+        + ("" if cached else f", built in {m['build_seconds']:.0f} s"))
+    print("\n".join(recipe_vars(m)) if a.print_recipe_vars else out / "assets.json")
     return 0
 
 

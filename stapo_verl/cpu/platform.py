@@ -83,7 +83,7 @@ class PlatformCPU(PlatformBase):
 
     Selected with ``VERL_PLATFORM=cpu`` (or auto-detected when CUDA is unavailable). Keeps
     ``ray_resource_name() == "GPU"`` because verl's resource pools always request the accelerator resource
-    (``verl/single_controller/ray/base.py:210, 226-242``); the run declares virtual GPUs to Ray instead.
+    (``verl.single_controller.ray.base.RayResourcePool``); the run declares virtual GPUs to Ray instead.
     ``current_device()`` returns the string ``"cpu"``: an int would mean "accelerator 0" to torch.
     """
 

@@ -1,6 +1,6 @@
 """Worker-side ``BaseRollout`` adapter of the CPU backend (``_ROLLOUT_REGISTRY[("cpu", "async")]``).
 
-Mirrors verl's vLLM ``ServerAdapter`` (``verl/workers/rollout/vllm_rollout/vllm_rollout.py:49-253``): rank
+Mirrors verl's vLLM ``ServerAdapter`` (``verl.workers.rollout.vllm_rollout.vllm_rollout.ServerAdapter``): rank
 mapping, lazy ``ray.get_actor`` of the replica's server, and ``update_weights`` — here every rank drains the
 weight generator (``full_tensor()`` is an FSDP collective), the rank owning the server clones the tensors
 (FSDP2 state tensors alias live storage) and pushes them through the Ray object store.

@@ -1,6 +1,6 @@
 """``RolloutReplica`` for the CPU backend (registered as ``cpu`` in ``RolloutReplicaRegistry``).
 
-Mirrors ``vLLMReplica.launch_servers`` (``verl/workers/rollout/vllm_rollout/vllm_async_server.py:1336-1416``):
+Mirrors ``vLLMReplica.launch_servers`` (``verl.workers.rollout.vllm_rollout.vllm_async_server.vLLMReplica.launch_servers``):
 one :class:`~stapo_verl.cpu.rollout_server.CPURolloutServer` actor per replica node, pinned to the node of the
 replica's first trainer worker and named ``cpu_server_{replica_rank}_{node_rank}`` — the name is the contract
 with :class:`~stapo_verl.cpu.rollout_adapter.CPUServerAdapter`.

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 import torch
 
-from stapo_verl.stop_tokens import effective_stop_ids
+from stapo_verl.launch.stop_tokens import effective_stop_ids
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class SamplingSettings:
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> "SamplingSettings":
-        """Build from the agent loop's ``sampling_params`` dict (``verl/trainer/ppo/v1/agent_loop_tq.py:64-70``).
+        """Build from the agent loop's ``sampling_params`` dict (``verl.trainer.ppo.v1.agent_loop_tq``).
 
         Raises:
             ValueError: a key with an invalid value (message names key and value), or ``n`` > 1 (the agent
@@ -127,7 +127,7 @@ def process_logits(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
 
 def derive_max_tokens(prompt_len: int, prompt_length: int, response_length: int,
                       max_model_len: Optional[int], params: dict[str, Any]) -> int:
-    """Number of tokens a request may generate, derived like vLLM (``vllm_async_server.py:589-620``).
+    """Number of tokens a request may generate, derived like vLLM (``verl.workers.rollout.vllm_rollout.vllm_async_server.vLLMHttpServer.generate``).
 
     ``max_tokens`` / ``max_new_tokens`` in ``params`` win; otherwise
     ``min(response_length, prompt_length + response_length - prompt_len)``; then clamped to
@@ -242,7 +242,7 @@ def load_hf_model(path: str, dtype: str = "float32"):
 class CPURolloutServer:
     """Ray actor (one per replica node) serving ``generate`` for verl's agent loop on CPU.
 
-    Constructor arguments are those ``vLLMReplica.launch_servers`` passes (``vllm_async_server.py:1389-1399``);
+    Constructor arguments are those ``vLLMReplica.launch_servers`` passes (``verl.workers.rollout.vllm_rollout.vllm_async_server``);
     only ``config`` (``RolloutConfig``), ``model_config`` and ``replica_rank`` are used.
 
     Public methods (all async, called through Ray): :meth:`launch_server`, :meth:`generate`,
@@ -277,7 +277,7 @@ class CPURolloutServer:
         Raises:
             ValueError: no model path, or no stop id at all.
             FileNotFoundError: ``engine_kwargs.vllm.generation_config`` names a folder without
-                ``generation_config.json`` (:func:`stapo_verl.stop_tokens.effective_stop_ids`).
+                ``generation_config.json`` (:func:`stapo_verl.launch.stop_tokens.effective_stop_ids`).
         """
         if self.generator is not None:
             return
@@ -407,7 +407,7 @@ class CPURolloutServer:
         return len(state_dict)
 
     async def set_global_steps(self, global_steps: int) -> None:
-        """Record the policy version stamped into ``extra_fields['global_steps']`` (``vllm_async_server.py:924``)."""
+        """Record the policy version stamped into ``extra_fields['global_steps']`` (as ``vLLMHttpServer`` does)."""
         self.global_steps = int(global_steps)
 
     async def get_global_steps(self) -> int:
@@ -418,7 +418,7 @@ class CPURolloutServer:
         """Counters for tests: requests served and batches run."""
         return {"num_requests": self.num_requests, "num_batches": self.num_batches}
 
-    # ------------------------------------------------------------------ control no-ops (replica.py:265-309)
+    # ------------------------------------------------------------------ control no-ops (verl.workers.rollout.replica.RolloutReplica)
     async def wake_up(self, tags: Optional[list[str]] = None):
         """No-op: CPU weights stay resident."""
 

@@ -7,13 +7,14 @@ Usage (what ``recipes/run.sh <size> <method> --dry-run`` executes)::
 No GPU, Ray cluster, model weights or data are needed. Steps, in the order a real run meets them:
 
 1. **Plugin.** ``import stapo_verl.plugin`` (verl swallows entry-point import errors, so the import is repeated
-   here where it raises), the ``verl.plugins`` entry point ``stapo`` is in this environment's metadata (that is how
-   the Ray workers load it), and ``policy_loss.loss_mode`` is in verl's ``POLICY_LOSS_REGISTRY``.
+   here where it raises) and the ``verl.plugins`` entry point ``stapo`` is in this environment's metadata (that is
+   how the Ray workers load it).
 2. **Compose** verl's trainer config with the overrides (:func:`stapo_verl.launch.compose.compose_config`), so a
    removed or misspelt key fails with Hydra's / OmegaConf's own message (``Key 'grad_offload' is not in struct``).
 3. **verl.trainer.main_ppo.main**, called itself with ``ray.init`` intercepted: ``auto_set_device``,
    ``validate_config`` (with the plugin's checks; it builds the actor config classes through ``_target_``) and
-   ``run_ppo``'s ``ray.init`` arguments (the runtime_env merge), which are recorded and not used.
+   ``run_ppo``'s ``ray.init`` arguments (the runtime_env merge), which are recorded and not used. Then
+   ``policy_loss.loss_mode`` must be in verl's ``POLICY_LOSS_REGISTRY`` (verl looks it up only in the workers).
 4. **TaskRunnerV1.run**, called itself with ``transfer_queue.init`` intercepted: the trainer class for
    ``trainer.v1.trainer_mode`` and ``OmegaConf.resolve`` (every interpolation must resolve).
 5. **Worker configs:** verl's ``omega_conf_to_dataclass`` of the actor, rollout, rollout checkpoint engine and
@@ -634,9 +635,9 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
 
         step("hydra compose (main_ppo's config)", compose)
         config = report.config
-        step("loss mode registered", lambda: _check_loss_registered(config))
         step("main_ppo.main: auto_set_device + validate_config + run_ppo up to ray.init",
              lambda: _run_main(config, report))
+        step("loss mode registered", lambda: _check_loss_registered(config))
         step("TaskRunnerV1.run up to transfer_queue.init", lambda: _run_task_runner(config))
         step("worker config dataclasses", lambda: _run_worker_configs(config))
 

@@ -21,6 +21,8 @@ BASE_ENV = {
 BASE_ENV.update({"STAPO_VENV": VENV, "HOME": os.environ.get("HOME", "/tmp"), "WANDB_MODE": "disabled"})
 #: modules whose launches the stub venv records instead of running
 STUBBED = ("verl.trainer.main_ppo", "stapo_verl.launch.dryrun", "stapo_verl.launch.stop_tokens", "stapo_verl.plots")
+#: ``STAPO_MAIN_PPO`` value that makes ``python -m stapo_verl.launch.train`` record instead of training
+RECORD_MAIN_PPO = "support.recipes:record_main_ppo"
 
 
 def bash(args: list[str], env: dict[str, str] | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
@@ -63,3 +65,11 @@ def calls(path: Path) -> list[list[str]]:
 def module_calls(path: Path, module: str) -> list[list[str]]:
     """The recorded calls of ``python -m <module>``."""
     return [c for c in calls(path) if c[1:3] == ["-m", module]]
+
+
+def record_main_ppo() -> None:
+    """Stand-in for ``verl.trainer.main_ppo.main`` (``STAPO_MAIN_PPO``): records ``sys.argv`` in ``$STUB_OUT`` in the
+    format of :func:`stub_venv`, as a call of ``-m verl.trainer.main_ppo``."""
+    lines = [f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS', '')}", "-m", "verl.trainer.main_ppo", *sys.argv[1:], "---"]
+    with open(os.environ["STUB_OUT"], "a", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")

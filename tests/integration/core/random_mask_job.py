@@ -22,7 +22,8 @@ from stapo_verl.integration.verl_0_9_1.training_worker import wrap_train_batch
 
 def main(mode):
     cfg = actor_config("vanilla", "s2t_random", random_mask_seed=7)
-    engine = SimpleNamespace(get_data_parallel_group=lambda: None)
+    engine = SimpleNamespace(get_data_parallel_group=lambda: None, get_data_parallel_rank=lambda: 0,
+                             is_mp_src_rank_with_outputs=lambda: True)
     worker = SimpleNamespace(engine=engine, loss_fn=functools.partial(core_losses.ppo_loss, config=cfg))
     masks = []
 

@@ -1,5 +1,5 @@
-"""The CPU platform and its device-module wrapper (runs in a subprocess with VERL_PLATFORM=cpu, because verl
-resolves its platform once per process)."""
+"""Registration of the CPU platform into verl, in fresh processes with VERL_PLATFORM=cpu (verl resolves its platform
+once per process)."""
 
 from __future__ import annotations
 
@@ -7,40 +7,6 @@ import json
 import os
 import subprocess
 import sys
-
-import torch
-
-from stapo_verl.cpu.platform import CPU_DEVICE_MODULE, PlatformCPU
-
-REQUIRED = ["empty_cache", "memory_allocated", "memory_reserved", "max_memory_allocated", "max_memory_reserved",
-            "mem_get_info", "get_device_name", "get_rng_state", "set_rng_state", "set_per_process_memory_fraction",
-            "ipc_collect", "reset_peak_memory_stats", "is_available", "synchronize", "current_device",
-            "device_count", "set_device", "Stream", "Event", "current_stream", "stream"]
-
-
-def test_device_module_members_exist_and_work():
-    m = CPU_DEVICE_MODULE
-    missing = [n for n in REQUIRED if not hasattr(m, n)]
-    assert not missing, missing
-    assert m.empty_cache() is None and m.ipc_collect() is None and m.reset_peak_memory_stats() is None
-    assert m.memory_allocated() == 0 and m.max_memory_reserved() == 0
-    free, total = m.mem_get_info()
-    assert 0 < free <= total
-    assert m.get_device_name() == "CPU" and m.is_available() is True
-    state = m.get_rng_state()
-    a = torch.rand(3)
-    m.set_rng_state(state)
-    assert torch.equal(torch.rand(3), a)  # RNG restore (checkpoint resume path) really restores
-
-
-def test_platform_members():
-    p = PlatformCPU()
-    assert (p.device_name, p.vendor_name, p.current_device()) == ("cpu", "cpu", "cpu")
-    assert p.communication_backend_name() == "gloo" and p.ray_resource_name() == "GPU"
-    assert p.device_module is CPU_DEVICE_MODULE and p.is_available() and p.device_count() == 1
-    assert p.get_device_capability() == (None, None) and p.is_ipc_supported() is False
-    with p.nvtx_range("x"):
-        pass
 
 
 def test_register_in_fresh_process():
@@ -98,3 +64,15 @@ def test_cpu_package_not_imported_without_cpu_platform():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_registration_waits_until_verl_imports_its_engine_stack():
+    """With VERL_PLATFORM=cpu, ``import verl`` (which loads the plugin) registers the platform only; a process that
+    never builds an engine (driver, reward and agent-loop workers) does not import the engines or megatron-core."""
+    code = ("import json, sys, verl; from verl.utils.device import get_device_name; print(json.dumps({"
+            "'device': get_device_name(), 'engines': 'verl.workers.engine' in sys.modules, "
+            "'megatron': any(m.split('.')[0] in ('megatron', 'mbridge') for m in sys.modules)}))")
+    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"device": "cpu", "engines": False, "megatron": False}

@@ -1,10 +1,9 @@
-"""Tiny-asset builders: problem generator, tokenizer (chat template, byte fallback), manifest caching, and one
-real build (the assets the tiny recipe trains on): Qwen3-Base's stop situation and the warm start's regime."""
+"""The tiny assets the recipe trains on, built for real once (about a minute on one core): Qwen3-Base's stop
+situation (eos <|endoftext|>, turns end with <|im_end|>) and the warm start's regime."""
 
 from __future__ import annotations
 
 import json
-import random
 import re
 
 import pytest
@@ -12,48 +11,11 @@ import pytest
 from stapo_verl.cpu import make_assets as M
 
 
-def test_problems_are_consistent_and_boxed():
-    rng = random.Random(0)
-    for _ in range(500):
-        p = M.make_problem(rng)
-        steps = re.findall(r"(\d+)([+\-*])(\d+)=(\d+)", p["solution"])
-        assert len(steps) == 2, p
-        for a, op, b, c in steps:  # every worked step is correct, non-negative arithmetic
-            assert eval(f"{a}{op}{b}") == int(c) >= 0, p
-        assert steps[1][0] == steps[0][3]  # the second step starts from the first result
-        assert all(1 <= int(x) <= 9 for x in re.findall(r"\d+", p["question"])), p  # single-digit operands
-        assert p["solution"].endswith(f"\\boxed{{{p['answer']}}}") and p["answer"] == steps[1][3]
-        row = M.verl_row(p, "train", 3)
-        assert row["data_source"] == "math_dapo" and row["reward_model"]["ground_truth"] == p["answer"]
-        assert row["prompt"] == [{"role": "user", "content": p["question"]}]
-
-
-def test_tokenizer_chat_template_and_byte_fallback(tmp_path):
-    rng = random.Random(1)
-    corpus = [(lambda p: p["question"] + "\n" + p["solution"])(M.make_problem(rng)) for _ in range(200)]
-    tok = M.build_tokenizer(corpus, tmp_path, vocab_size=300)
-    # Qwen3-Base: end of sequence <|endoftext|> (also the pad), the chat template ends turns with <|im_end|>
-    assert tok.eos_token == "<|endoftext|>" and tok.pad_token == "<|endoftext|>" and tok.bos_token is None
-    assert len(tok.encode("\n", add_special_tokens=False)) == 1  # verl's Qwen builder requires this
-    ids = M.encode_chat(tok, "What is 2+3?")
-    assert tok.decode(ids) == "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
-    text = "Janet’s ducks lay 16 eggs; $\\frac{\\pi}{2}$ — ünïcode ✓"  # unseen chars: byte-level fallback
-    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
-    assert tok.convert_ids_to_tokens(tok.encode("1234", add_special_tokens=False)) == ["1", "2", "3", "4"]
-
-
-def test_build_returns_cached_manifest_instantly(tmp_path):
-    manifest = {"version": M.ASSET_VERSION, "n_train": 1, "benchmark_val_files": ["a", "b"], "marker": 42}
-    (tmp_path / "assets.json").write_text(json.dumps(manifest))
-    assert M.build(tmp_path)["marker"] == 42
-    assert not (tmp_path / "model").exists()  # the manifest matched: nothing was rebuilt
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """One full build with the shipped settings (the one the recipe uses; under a minute on an idle core)."""
     out = tmp_path_factory.mktemp("tiny_assets")
-    m = M.build(out, src_root=out / "no_benchmarks")  # benchmark slices are not under test here
+    m = M.build(out)
     print(f"\nmake_assets build: {m['build_seconds']} s (warm start {m['sft_seconds']} s)")
     return out, m
 
@@ -77,9 +39,9 @@ def _greedy_responses(model_dir, stop_ids, n=64):
 
 
 def test_built_assets_end_sequences_and_turns_like_qwen3_base(built):
-    """Issue 9 item 2: eos (tokenizer, config.json, generation_config.json) is <|endoftext|>, turns end with
-    <|im_end|>; a rollout stopping at the eos alone runs past the answer, one stopping at both ends the turn."""
-    from stapo_verl.stop_tokens import effective_stop_ids, resolve
+    """eos (tokenizer, config.json, generation_config.json) is <|endoftext|>, turns end with <|im_end|>; a rollout
+    stopping at the eos alone runs past the answer, one stopping at both ends the turn."""
+    from stapo_verl.launch.stop_tokens import effective_stop_ids, resolve
 
     out, m = built
     model_dir = out / "model"
@@ -119,4 +81,6 @@ def test_warm_start_leaves_room_for_rl(built):
     assert len(val) == M.N_VAL and len(train) == m["n_train"]
     qs = lambda df: {r[0]["content"] for r in df["prompt"]}  # noqa: E731
     assert not qs(val) & qs(train)  # validation questions are never trained on
-    assert m["benchmark_val_files"] == [] and m["n_params"] < 1_000_000
+    assert m["n_params"] < 1_000_000
+    # validation is the synthetic rows only: no file outside the asset directory, nothing downloaded
+    assert set(val["data_source"]) == {"math_dapo"} and "benchmark_val_files" not in m

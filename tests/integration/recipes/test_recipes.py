@@ -2,10 +2,11 @@
 verl 0.9.1's own code.
 
 Each test is a dry-run: Hydra compose of verl's trainer config + verl's validation (see
-stapo_verl/recipes_dryrun.py). No GPU, Ray, weights or data. To keep the run short, most scripts are
+stapo_verl/launch/dryrun.py). No GPU, Ray, weights or data. To keep the run short, most scripts are
 checked by collecting their overrides with ``--print-overrides`` (bash only for the GPU sizes; the tiny size
 reads its assets manifest, building the assets on first use) and dry-running them in this process; a few go
-through the real ``--dry-run`` path of the bash script (a fresh Python each, ~10-30 s).
+through the real ``--dry-run`` path of the bash script (a fresh Python each, ~10-30 s). Launching (with a stub
+venv) is tests/integration/recipes/test_launch.py.
 Set ``STAPO_RECIPE_TESTS_FULL=1`` to send every script through the real ``--dry-run``.
 """
 
@@ -21,36 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from stapo_verl.recipes_dryrun import dry_run, hydra_main_location
+from stapo_verl.launch.dryrun import dry_run
+from support.procs import REPO
+from support.recipes import BASE_ENV
+from support.recipes import bash as _bash
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 SIZES = ("1.7b", "8b", "14b")
 METHODS = ("stapo", "stapo_high_entropy", "stapo_random", "stapo_full_mask", "grpo", "top_entropy", "justrl")
 FULL = os.environ.get("STAPO_RECIPE_TESTS_FULL", "") not in ("", "0")
 
-#: The venv running this test (the recipes' interpreter variable is STAPO_VENV).
-VENV = str(Path(sys.executable).parent.parent)
-#: Environment of every subprocess: this venv's Python runs the dry-run; no cluster is ever contacted.
-BASE_ENV = {
-    k: v
-    for k, v in os.environ.items()
-    if not k.startswith(("SLURM_", "RAY_", "STAPO_REWARD_"))
-    and k not in ("NNODES", "PRECISION", "MODEL_PATH", "EXP_NAME", "ENGINE", "PYTHON", "STAPO_RUN_DIR")
-}
-BASE_ENV.update({"STAPO_VENV": VENV, "HOME": os.environ.get("HOME", "/tmp"), "WANDB_MODE": "disabled"})
 TINY_SCRIPTS = ("recipes/tiny_cpu_stapo.sh", "recipes/tiny_cpu_grpo.sh")
-
-
-def _bash(args: list[str], env: dict[str, str] | None = None, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["bash", *args],
-        cwd=REPO,
-        env={**BASE_ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def _script_invocations() -> list[tuple[str, list[str]]]:
@@ -164,7 +146,7 @@ def test_qwen3_8b_stapo_script_dry_run_prints_the_paper_setup():
     assert s["actor_rollout_ref.rollout.name"] == "vllm"
     assert s["actor_rollout_ref.rollout.mode"] == "async"
     assert s["actor_rollout_ref.actor.policy_loss.loss_mode"] == "stapo"
-    assert s["actor_rollout_ref.actor.policy_loss._target_"] == "stapo_verl.config.StapoPolicyLossConfig"
+    assert s["actor_rollout_ref.actor.policy_loss._target_"] == "stapo_verl.core.config.StapoPolicyLossConfig"
     assert float(s["actor_rollout_ref.actor.policy_loss.tau_p"]) == 0.002
     assert float(s["actor_rollout_ref.actor.policy_loss.entropy_quantile"]) == 0.75
     assert float(s["actor_rollout_ref.actor.optim.lr"]) == 1e-6
@@ -265,9 +247,13 @@ def test_fp8_rollout_without_tis_is_rejected():
                   "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.001, "policy_loss.loss_mode": "vanilla"}),
         ("justrl", {"clip_ratio_high": 0.28, "loss_agg_mode": "token-mean", "use_kl_loss": False,
                     "policy_loss.loss_mode": "vanilla"}),
-        ("top_entropy", {"policy_loss.loss_mode": "top_entropy", "calculate_entropy": True,
-                         "policy_loss.top_entropy_ratio": 0.2, "policy_loss.top_entropy_normalizer": "kept"}),
-        ("stapo_full_mask", {"policy_loss.loss_mode": "stapo_full_mask", "clip_ratio_high": 0.28}),
+        ("top_entropy", {"policy_loss.loss_mode": "vanilla", "policy_loss.token_mask": "top_entropy",
+                         "calculate_entropy": False, "policy_loss.top_entropy_ratio": 0.2}),
+        ("stapo_full_mask", {"policy_loss.loss_mode": "vanilla", "policy_loss.token_mask": "s2t_full",
+                             "policy_loss.tau_p": 0.002, "clip_ratio_high": 0.28}),
+        ("stapo_random", {"policy_loss.loss_mode": "vanilla", "policy_loss.token_mask": "s2t_random"}),
+        ("stapo_high_entropy", {"policy_loss.loss_mode": "vanilla", "policy_loss.token_mask": "s2t_high_entropy"}),
+        ("stapo", {"policy_loss.loss_mode": "stapo", "policy_loss.token_mask": "s2t", "calculate_entropy": False}),
     ],
 )
 def test_baseline_and_ablation_deltas(method, expect):
@@ -302,20 +288,28 @@ def test_megatron_world_size_rule_is_checked():
     assert "not divisible by Megatron TP x PP x CP" in text
 
 
-def test_current_policy_stats_turn_on_entropy():
-    (overrides,) = _overrides("recipes/run.sh", ["8b", "stapo"], env={"STAPO_STATS_SOURCE": "current_micro_batch"})
+def test_current_minibatch_stats_reach_the_config_without_entropy_in_the_training_forward():
+    (overrides,) = _overrides("recipes/run.sh", ["8b", "stapo"], env={"STAPO_STATS_SOURCE": "current_minibatch"})
     report, text = _dry(overrides)
     assert report.ok, text
-    assert report.setting("actor_rollout_ref.actor.calculate_entropy") is True
+    assert report.setting("actor_rollout_ref.actor.policy_loss.stats_source") == "current_minibatch"
+    assert report.setting("actor_rollout_ref.actor.calculate_entropy") is False
 
 
-def test_stapo_cross_key_checks_run_inside_validate_config():
-    # The plugin wraps verl's validate_config; the dry-run calls it the way main_ppo does.
+def test_token_mask_cross_key_checks_run_inside_verl_main():
+    # The plugin wraps verl's validate_config; the dry-run runs main_ppo.main itself, so they fail there.
     (overrides,) = _overrides("recipes/run.sh", ["8b", "top_entropy"])
-    report, text = _dry([*overrides, "actor_rollout_ref.actor.calculate_entropy=False"])
+    report, text = _dry([*overrides, "algorithm.rollout_correction.bypass_mode=True"])
     assert not report.ok
-    assert "calculate_entropy=True" in text
+    assert "bypass_mode=True skips" in text
     assert any(name.startswith("main_ppo.main") and status == "FAIL" for name, status, _ in report.steps)
+
+
+def test_removed_loss_mode_fails_with_its_replacement():
+    (overrides,) = _overrides("recipes/run.sh", ["8b", "stapo"])
+    report, text = _dry([*overrides, "actor_rollout_ref.actor.policy_loss.loss_mode=stapo_random"])
+    assert not report.ok
+    assert "loss_mode=vanilla actor_rollout_ref.actor.policy_loss.token_mask=s2t_random" in text
 
 
 def test_model_shape_checked_when_model_path_is_local(tmp_path):
@@ -328,109 +322,6 @@ def test_model_shape_checked_when_model_path_is_local(tmp_path):
     report, text = _dry(overrides)
     assert not report.ok
     assert "num_attention_heads=12 is not divisible by Megatron TP=8" in text
-
-
-def test_dry_run_reads_main_ppo_hydra_decorator():
-    import verl.trainer.main_ppo as main_ppo
-
-    config_dir, name = hydra_main_location()
-    assert name == "ppo_trainer"
-    assert Path(config_dir) == Path(main_ppo.__file__).parent / "config"
-
-
-# --------------------------------------------------------------------------------------------------
-# launching (no training is really started: STAPO_VENV points at a stub venv whose python records the
-# main_ppo / dry-run / stop_tokens / plots calls and runs everything else with the real interpreter)
-
-
-def _stub_venv(tmp_path: Path) -> Path:
-    venv = tmp_path / "stub_venv"
-    (venv / "bin").mkdir(parents=True)
-    py = venv / "bin" / "python"
-    py.write_text(
-        "#!/usr/bin/env bash\n"
-        'case " $* " in\n'
-        '*" -m verl.trainer.main_ppo "* | *" -m stapo_verl.recipes_dryrun "* | *" -m stapo_verl.stop_tokens "* | '
-        '*" -m stapo_verl.plots "*)\n'
-        '    { echo "RAY_ADDRESS=${RAY_ADDRESS:-}"; printf "%s\\n" "$@"; echo "---"; } >> "$STUB_OUT"; exit 0 ;;\n'
-        "esac\n"
-        f'exec "{sys.executable}" "$@"\n'
-    )
-    py.chmod(0o755)
-    return venv
-
-
-def _calls(path: Path) -> list[list[str]]:
-    """The recorded stub calls: each is [RAY_ADDRESS=..., argv...]."""
-    calls, cur = [], []
-    for line in path.read_text().splitlines():
-        if line == "---":
-            calls.append(cur)
-            cur = []
-        else:
-            cur.append(line)
-    return calls
-
-
-def _module_calls(path: Path, module: str) -> list[list[str]]:
-    return [c for c in _calls(path) if c[1:3] == ["-m", module]]
-
-
-def test_training_launch_gets_exactly_the_dry_run_overrides(tmp_path):
-    env = {"STAPO_VENV": str(_stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "train")}
-    assert _bash(["recipes/qwen3_14b_stapo.sh", "x.y=1"], env=env).returncode == 0
-    env["STUB_OUT"] = str(tmp_path / "dry")
-    assert _bash(["recipes/qwen3_14b_stapo.sh", "--dry-run", "x.y=1"], env=env).returncode == 0
-    (train,) = _module_calls(tmp_path / "train", "verl.trainer.main_ppo")
-    (dry,) = _module_calls(tmp_path / "dry", "stapo_verl.recipes_dryrun")
-    assert train[3:] == dry[3:]
-    assert train[-1] == "x.y=1"
-
-
-def test_stapo_venv_is_the_interpreter_of_every_recipe(tmp_path):
-    """Issue 9 item 3: STAPO_VENV=<venv> bash recipes/qwen3_8b_stapo.sh --dry-run runs <venv>/bin/python."""
-    venv = _stub_venv(tmp_path)
-    env = {"STAPO_VENV": str(venv), "STUB_OUT": str(tmp_path / "out")}
-    proc = _bash(["recipes/qwen3_8b_stapo.sh", "--dry-run"], env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert len(_module_calls(tmp_path / "out", "stapo_verl.recipes_dryrun")) == 1
-    assert f"python={venv}/bin/python" in proc.stderr
-    # A STAPO_VENV without an interpreter is an error naming it, not a silent fallback to another python.
-    proc = _bash(["recipes/qwen3_8b_stapo.sh", "--dry-run"], env={"STAPO_VENV": str(tmp_path / "nope")})
-    assert proc.returncode == 2
-    assert f"STAPO_VENV='{tmp_path / 'nope'}' has no bin/python" in proc.stderr
-
-
-def test_launch_writes_the_stop_token_generation_config_first(tmp_path):
-    """Issue 9 item 2: training starts by writing the folder engine_kwargs.vllm.generation_config names."""
-    env = {"STAPO_VENV": str(_stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "out"), "CKPT_DIR": str(tmp_path)}
-    assert _bash(["recipes/qwen3_8b_stapo.sh"], env=env).returncode == 0
-    calls = _calls(tmp_path / "out")
-    assert [c[2] for c in calls] == ["stapo_verl.stop_tokens", "verl.trainer.main_ppo"]
-    folder = str(tmp_path / "stapo" / "qwen3-8b-stapo-bf16" / "generation_config")
-    assert calls[0][3:] == ["--model", "Qwen/Qwen3-8B-Base", "--out", folder]
-    assert f"+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config='{folder}'" in calls[1]
-    # opting out drops both
-    env["STUB_OUT"] = str(tmp_path / "out2")
-    assert _bash(["recipes/qwen3_8b_stapo.sh"], env={**env, "STOP_AT_END_OF_TURN": "0"}).returncode == 0
-    (only,) = _calls(tmp_path / "out2")
-    assert only[2] == "verl.trainer.main_ppo" and not any("generation_config" in a for a in only)
-
-
-def test_multi_node_needs_an_existing_ray_cluster(tmp_path):
-    env = {"STAPO_VENV": str(_stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "out"), "NNODES": "2"}
-    proc = _bash(["recipes/qwen3_8b_stapo.sh"], env=env)
-    assert proc.returncode == 2
-    assert "RAY_ADDRESS" in proc.stderr
-    assert not (tmp_path / "out").exists()
-    # With RAY_ADDRESS the recipe launches main_ppo (whose ray.init connects there) and starts no Ray.
-    proc = _bash(["recipes/qwen3_8b_stapo.sh"], env={**env, "RAY_ADDRESS": "10.0.0.1:6379"})
-    assert proc.returncode == 0, proc.stderr
-    (out,) = _module_calls(tmp_path / "out", "verl.trainer.main_ppo")
-    assert out[0] == "RAY_ADDRESS=10.0.0.1:6379"
-    assert "trainer.nnodes=2" in out
-    for script in RECIPES.rglob("*.sh"):
-        assert not re.search(r"^\s*ray\s+start", script.read_text(), re.M), script
 
 
 def test_bad_size_method_precision_fail_fast():
@@ -472,7 +363,7 @@ def test_tiny_size_runs_the_production_overrides():
     # the STAPO short form: the plugin's actor option, no `+`
     assert "actor@actor_rollout_ref.actor=stapo_dp_actor" in overrides
     assert not any(o.startswith("+actor_rollout_ref.actor.policy_loss.") for o in overrides)
-    assert st(arr + "actor.policy_loss._target_") == "stapo_verl.config.StapoPolicyLossConfig"
+    assert st(arr + "actor.policy_loss._target_") == "stapo_verl.core.config.StapoPolicyLossConfig"
     assert st(arr + "actor.policy_loss.tau_p") == 0.05  # STAPO_TAU_P reaches the declared key
     # the CPU delta
     assert st(arr + "rollout.name") == "cpu" and st(arr + "actor.strategy") == "fsdp2"
@@ -507,7 +398,7 @@ def test_tiny_engine_switch_selects_megatron_on_two_virtual_gpus():
 
 
 def test_tiny_dataloader_workers_fit_the_machine():
-    """Issue 9 item 13: verl's default of 8 DataLoader workers on 2 cores were killed at shutdown."""
+    """verl's default of 8 DataLoader workers on 2 cores were killed at shutdown: the tiny run loads in-process."""
     (overrides,) = _overrides("recipes/tiny_cpu_stapo.sh", [])
     report, text = _dry(overrides)
     assert report.ok, text
@@ -523,7 +414,7 @@ def test_cpu_limits_are_listed_once_with_their_replacements():
 
 
 # --------------------------------------------------------------------------------------------------
-# issue 9 item 1: the steps the recipe states are the steps it trains
+# the steps the recipe states are the steps it trains
 
 
 def _parquet(path: Path, rows: int) -> Path:
@@ -585,7 +476,7 @@ def test_every_dynamic_batch_budget_holds_the_longest_sequence():
 
 
 # --------------------------------------------------------------------------------------------------
-# issue 9 item 2: the stop setting reaches the rollout config, from the model's own files
+# the stop setting reaches the rollout config, from the model's own files
 
 
 def _qwen3_base_like(path: Path) -> Path:
@@ -625,7 +516,7 @@ def test_dry_run_prints_the_stop_tokens_that_reach_the_rollout(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------------
-# issue 9 item 4: reward settings reach the Ray workers through the runtime_env the recipe builds
+# reward settings reach the Ray workers through the runtime_env verl builds from the recipe's overrides
 
 _RAY_PROBE = """
 import json, os, sys
@@ -644,7 +535,7 @@ ray.shutdown()
 def test_reward_env_settings_arrive_in_a_ray_worker():
     import json
 
-    from stapo_verl.recipes_dryrun import compose_config, ray_init_kwargs
+    from stapo_verl.launch.dryrun import compose_config, ray_init_kwargs
 
     (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", [],
                               env={"STAPO_REWARD_TIMEOUT_S": "7.5", "STAPO_REWARD_WORKERS": "3"})
@@ -660,30 +551,3 @@ def test_reward_env_settings_arrive_in_a_ray_worker():
     # unset in the launching shell → not forwarded (the worker-side defaults apply)
     (plain,) = _overrides("recipes/qwen3_8b_stapo.sh", [])
     assert not any("STAPO_REWARD_" in o for o in plain)
-
-
-# --------------------------------------------------------------------------------------------------
-# issue 11 item 3: a second invocation of the tiny command
-
-
-def test_second_tiny_invocation_says_the_run_is_complete(tmp_path):
-    run = tmp_path / "run"
-    (run / "ckpt").mkdir(parents=True)
-    (run / "ckpt" / "latest_checkpointed_iteration.txt").write_text("20\n")
-    (run / "metrics.jsonl").write_text('{"step": 20, "data": {}}\n')
-    env = {"STAPO_VENV": str(_stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "calls"), "STAPO_RUN_DIR": str(run)}
-    proc = _bash(["recipes/tiny_cpu_stapo.sh"], env=env)
-    assert proc.returncode == 0, proc.stderr
-    assert f"{run} is already complete: its checkpoint is at step 20" in proc.stderr
-    assert f"STAPO_RUN_DIR={run}_2 bash recipes/tiny_cpu_stapo.sh" in proc.stderr
-    assert not (tmp_path / "calls").exists()  # no training, no report of an old run
-    assert (run / "metrics.jsonl").exists() and not (run / "train.log").exists()
-
-    # more steps than the checkpoint: trains on, with only this invocation's metrics in metrics.jsonl
-    proc = _bash(["recipes/tiny_cpu_stapo.sh", "trainer.total_training_steps=30"], env=env)
-    assert proc.returncode == 0, proc.stderr
-    calls = _calls(tmp_path / "calls")
-    assert [c[2] for c in calls] == ["stapo_verl.stop_tokens", "verl.trainer.main_ppo", "stapo_verl.plots"]
-    assert calls[1][-1] == "trainer.total_training_steps=30"
-    assert calls[2][3:5] == ["report", "--run"] and calls[2][5] == str(run) and calls[2][6] == "--wall-seconds"
-    assert not (run / "metrics.jsonl").exists() and len(list(run.glob("metrics.*.jsonl"))) == 1

