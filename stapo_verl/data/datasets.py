@@ -1,9 +1,10 @@
 """Registry of supported datasets: where their published files live and how one record maps to a verl row.
 
-Answer handling follows each folder's README under ``shared/data`` (published formats): integer answers are
-canonicalised (AIME24 ``"025"`` → ``"25"``, AMC23 ``27.0`` → ``"27"``, GSM8K ``2,125`` → ``"2125"``), Minerva's answer
-is the last ``\\boxed{}`` of its solution, OlympiadBench's is ``final_answer[0]`` without its ``$…$``, and
-DAPO-Math-17k loses DAPO's "Answer:" instruction template (JustRL's boxed suffix replaces it).
+Answer handling follows the published formats (documented per file in ``tests/data/benchmarks/README.md``): integer
+answers are canonicalised (AIME24 ``"025"`` → ``"25"``, AMC23 ``27.0`` → ``"27"``, GSM8K ``2,125`` → ``"2125"``),
+Minerva's answer is the last ``\\boxed{}`` of its solution, OlympiadBench's is ``final_answer[0]`` with its math
+delimiters removed (:func:`clean_olympiad_answer`: ``$69$,$84$`` → ``69,84``), and DAPO-Math-17k loses DAPO's
+"Answer:" instruction template (JustRL's boxed suffix replaces it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 from collections.abc import Callable
 
 from stapo_verl.data.errors import DataPrepError
-from stapo_verl.rewards.dapo import find_last_boxed
+from stapo_verl.rewards.extract import last_box
 
 DAPO_PREFIX = (
     "Solve the following math problem step by step. The last line of your response should be of the form "
@@ -92,11 +93,34 @@ def _math500(rec, file, row):
 def _minerva(rec, file, row):
     problem = _text(rec, "problem", file, row)
     solution = _text(rec, "solution", file, row)
-    span = find_last_boxed(solution)
-    if span is None:
+    box = last_box(solution)
+    if box is None:
         raise DataPrepError("empty answer: no \\boxed{} in 'solution'", file=file, row=row)
-    answer = _nonempty(solution[span[0] + len("\\boxed{") : span[1] - 1], file, row)
+    answer = _nonempty(box.content, file, row)
     return problem, answer, str(rec.get("idx", row))
+
+
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+def clean_olympiad_answer(answer: str) -> str:
+    """An OlympiadBench ``final_answer`` element without its math delimiters.
+
+    The published answers wrap each value in ``$...$``; multi-answer rows wrap each value separately
+    (``$69$,$84$``, ``$f(x)=x$,$f(x)=2-x$``, 21 of 675 rows), so stripping only the outer pair leaves ``69$,$84``,
+    which no answer matches. Every unescaped ``$`` is removed (``\\$`` is kept) and so is a final sentence period
+    (``$(-\\infty, 0) \\cup\\{1\\}$.``).
+
+    Args:
+        answer: e.g. ``"$69$,$84$"``.
+
+    Returns:
+        e.g. ``"69,84"`` (stripped; may be empty, which the caller rejects).
+    """
+    cleaned = _UNESCAPED_DOLLAR.sub("", answer).strip()
+    if cleaned.endswith(".") and not cleaned.endswith("\\."):
+        cleaned = cleaned[:-1].rstrip()
+    return cleaned
 
 
 def _olympiad(rec, file, row):
@@ -106,9 +130,7 @@ def _olympiad(rec, file, row):
         finals = [finals]
     if not finals:
         raise DataPrepError("empty answer: 'final_answer' is empty", file=file, row=row)
-    answer = str(finals[0]).strip()
-    if len(answer) >= 2 and answer.startswith("$") and answer.endswith("$"):
-        answer = answer[1:-1].strip()
+    answer = clean_olympiad_answer(str(finals[0]))
     return problem, _nonempty(answer, file, row), str(rec.get("id", row))
 
 

@@ -1,14 +1,15 @@
-"""``python -m stapo_verl.data.prepare``: published dataset files → verl RL parquet (``verl_notes.md`` §11).
+"""``python -m stapo_verl.data.prepare``: published dataset files → verl RL parquet (:mod:`stapo_verl.data.schema`).
 
 Examples::
 
-    python -m stapo_verl.data.prepare --dataset math500 --src shared/data/math500/test.jsonl --out data/
-    python -m stapo_verl.data.prepare --dataset all --src shared/data --out data/
+    python -m stapo_verl.data.prepare --dataset math500 --src originals/math500/test.jsonl --out data/
+    python -m stapo_verl.data.prepare --dataset all --src originals --out data/
     python -m stapo_verl.data.prepare --dataset dapo-math-17k --src BytedTsinghua-SIA/DAPO-Math-17k --out data/
 
 Writes ``<out>/<dataset>.parquet`` and prints a summary (rows read, written, dropped with reasons). DAPO-Math-17k is
 deduplicated on the whitespace-normalised problem text, keeping the first occurrence (the published file repeats
-each prompt ~100 times; spec §6.1, bug D21); ``--no-dedup`` keeps JustRL's raw layout (spec A13).
+each prompt about 100 times, so an "epoch" would see every problem 100 times); ``--no-dedup`` keeps JustRL's raw
+layout. ``originals`` is a directory laid out like ``tests/data/benchmarks`` (whose small slices work too).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def prepare_dataset(name: str, src: str, out_dir: str | Path, max_rows: int | No
 
     Args:
         name: a key of :data:`stapo_verl.data.datasets.SPECS`.
-        src: file, directory (e.g. ``shared/data``) or HF id.
+        src: file, directory (laid out like ``tests/data/benchmarks``) or HF id.
         out_dir: output directory (created).
         max_rows: keep at most this many rows after deduplication (``--max-rows``).
         dedup: override the dataset's deduplication default.
@@ -113,7 +114,7 @@ def prepare_all(src_dir: str, out_dir: str | Path, max_rows: int | None = None) 
         DataPrepError: ``src_dir`` is not a directory or holds none of the datasets.
     """
     if not Path(src_dir).is_dir():
-        raise DataPrepError("--dataset all needs --src to be a directory such as shared/data", file=src_dir)
+        raise DataPrepError("--dataset all needs --src to be a directory laid out like tests/data/benchmarks", file=src_dir)
     summaries = []
     for name, spec in SPECS.items():
         # Only the dataset's own folder counts here: a bare "test.jsonl" would be ambiguous between datasets.
@@ -128,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The CLI argument parser (``stapo-prepare``)."""
     p = argparse.ArgumentParser(prog="stapo-prepare", description=__doc__.split("\n")[0])
     p.add_argument("--dataset", required=True, help=f"one of {sorted(SPECS)} or 'all'")
-    p.add_argument("--src", required=True, help="local file, directory (e.g. shared/data) or HF id owner/name[:config]")
+    p.add_argument("--src", required=True, help="local file, directory (laid out like tests/data/benchmarks) or HF id owner/name[:config]")
     p.add_argument("--out", required=True, help="output directory; writes <out>/<dataset>.parquet")
     p.add_argument("--max-rows", type=int, default=None, help="keep at most N rows (after deduplication)")
     p.add_argument("--seed", type=int, default=None, help="with --max-rows: random sample instead of the first N")

@@ -1,4 +1,4 @@
-"""verl RL parquet schema (``verl_notes.md`` §11; ``verl/utils/dataset/rl_dataset.py`` reads it).
+"""verl RL parquet schema (read by verl's ``verl.utils.dataset.rl_dataset.RLHFDataset``).
 
 One row::
 
@@ -9,40 +9,57 @@ One row::
      "extra_info": {"split": "test", "index": 0, "benchmark": "math500", "problem_id": "...",
                     "source_row": 0, "problem": "<bare problem>"}}
 
-The prompt suffix is JustRL's boxed-answer instruction (spec §6.1, A14); verl applies the chat template itself.
+The prompt suffix is JustRL's boxed-answer instruction (JustRL, https://github.com/thunlp/JustRL); verl applies the
+chat template itself.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-#: JustRL's instruction appended to every problem (spec §6.1 "Prompt (details)").
+#: JustRL's instruction appended to every problem.
 JUSTRL_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 
-SCHEMA = pa.schema(
-    [
-        ("data_source", pa.string()),
-        ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-        ("ability", pa.string()),
-        ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
-        (
-            "extra_info",
-            pa.struct(
-                [
-                    ("split", pa.string()),
-                    ("index", pa.int64()),
-                    ("benchmark", pa.string()),
-                    ("problem_id", pa.string()),
-                    ("source_row", pa.int64()),
-                    ("problem", pa.string()),
-                ]
+
+@functools.cache
+def arrow_schema():
+    """The ``pyarrow`` schema of a prepared row (pyarrow is imported here, on first use).
+
+    Returns:
+        ``pyarrow.Schema`` with the columns of the module docstring (``extra_info.index`` and ``source_row`` are
+        ``int64``, everything else strings).
+    """
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("split", pa.string()),
+                        ("index", pa.int64()),
+                        ("benchmark", pa.string()),
+                        ("problem_id", pa.string()),
+                        ("source_row", pa.int64()),
+                        ("problem", pa.string()),
+                    ]
+                ),
             ),
-        ),
-    ]
-)
+        ]
+    )
+
+
+def __getattr__(name: str):
+    """``SCHEMA`` is :func:`arrow_schema` (built on first access, so importing this module needs no pyarrow)."""
+    if name == "SCHEMA":
+        return arrow_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_row(
@@ -67,8 +84,15 @@ def make_row(
 
 
 def write_parquet(rows: list[dict], out_path: str | Path) -> Path:
-    """Write rows with :data:`SCHEMA` (creating parent directories); returns the path."""
+    """Write rows with :func:`arrow_schema` (creating parent directories); returns the path.
+
+    Raises:
+        pyarrow.ArrowInvalid, pyarrow.ArrowTypeError: a row does not fit the schema.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), out_path)
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema()), out_path)
     return out_path

@@ -1,4 +1,5 @@
-"""Evaluation: avg@k / pass@k per benchmark and paper-style tables (``python -m stapo_verl.eval``; spec §6.2)."""
+"""Evaluation: avg@k / pass@k per benchmark and paper-style tables (``python -m stapo_verl.eval``), with the
+protocol of the STAPO paper (https://arxiv.org/abs/2602.15620)."""
 
 from stapo_verl.eval.metrics import K_BY_BENCHMARK, SIX_BENCHMARKS, avg_at_k, mean_pass_at_k, pass_at_k
 from stapo_verl.eval.records import RecordError, read_records, write_records

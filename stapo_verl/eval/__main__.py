@@ -1,7 +1,7 @@
 """``python -m stapo_verl.eval --runs NAME=generations.jsonl [NAME2=...] --out DIR`` (``stapo-eval``).
 
 Scores every generation record (:mod:`stapo_verl.eval.records`) with :func:`stapo_verl.rewards.compute_score`
-(rule-based, hard timeouts; spec A16), then writes ``<out>/table.md``, ``table.csv``, ``table_pass.csv``,
+(rule-based, hard timeouts), then writes ``<out>/table.md``, ``table.csv``, ``table_pass.csv``,
 ``summary.json`` and ``<out>/<NAME>.scored.jsonl``. The first run is the baseline of the relative gain. Problems with
 fewer than k samples are listed under the tables (and printed); a repeated sample is an error (exit code 2).
 """

@@ -1,13 +1,13 @@
 """Cluster-side generation: checkpoint + prepared parquet(s) → generations JSONL for ``python -m stapo_verl.eval``.
 
-Spec §6.2: up to 20,480 new tokens, k = 32 samples for AIME24/AIME25/AMC23 and 4 for the others, at both
+The STAPO paper's protocol (https://arxiv.org/abs/2602.15620): up to 20,480 new tokens, k = 32 samples for AIME24/AIME25/AMC23 and 4 for the others, at both
 decoding settings — training-aligned T = 1.0 / top-p 1.0 (main table) and JustRL's T = 0.7 / top-p 0.9. One file per
 setting: ``<out>/<tag>.jsonl`` with tags ``t1.0_p1.0`` and ``t0.7_p0.9``.
 
-The chat template is applied with a generation prompt (spec A14), the same way verl's ``RLHFDataset`` renders the
+The chat template is applied with a generation prompt, the same way verl's ``RLHFDataset`` renders the
 ``prompt`` column during training. Generation stops at the model's EOS *and* at its chat template's end-of-turn token
 (Qwen3 base models: ``<|endoftext|>`` and ``<|im_end|>``), both read from the checkpoint's own files by
-:mod:`stapo_verl.stop_tokens` — the same ids the training recipes give verl's vLLM server. vLLM and transformers
+:mod:`stapo_verl.launch.stop_tokens` — the same ids the training recipes give verl's vLLM server. vLLM and transformers
 are imported inside :func:`main` only, so argument parsing and the record builder are importable and tested without
 a GPU.
 
@@ -26,10 +26,10 @@ from pathlib import Path
 
 from stapo_verl.eval.metrics import K_BY_BENCHMARK
 from stapo_verl.eval.records import write_records
-from stapo_verl.stop_tokens import StopTokens
-from stapo_verl.stop_tokens import resolve as resolve_stop_tokens
+from stapo_verl.launch.stop_tokens import StopTokens
+from stapo_verl.launch.stop_tokens import resolve as resolve_stop_tokens
 
-#: (temperature, top_p) pairs of spec §6.2.
+#: (temperature, top_p) pairs of the paper: training-aligned, and JustRL's.
 DECODING_SETTINGS = ((1.0, 1.0), (0.7, 0.9))
 MAX_NEW_TOKENS = 20_480
 

@@ -1,7 +1,7 @@
-"""avg@k and the unbiased pass@k estimator (spec §6.2).
+"""avg@k and the unbiased pass@k estimator, as reported in the STAPO paper (https://arxiv.org/abs/2602.15620).
 
-* avg@k: per problem, the mean accuracy of its k samples; then the mean over problems (spec §6.2 "mean accuracy
-  over samples"). With the same k for every problem this equals the mean over all samples.
+* avg@k: per problem, the mean accuracy of its k samples; then the mean over problems (the paper's "mean
+  accuracy over samples"). With the same k for every problem this equals the mean over all samples.
 * pass@k: Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", eq. 1), per problem with n samples
   of which c are correct: ``1 − C(n−c, k) / C(n, k)``, averaged over problems.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from math import comb
 
-#: Samples per problem used by the paper (spec §6.2).
+#: Samples per problem used by the paper: 32 for the small AIME/AMC sets, 4 for the others.
 K_BY_BENCHMARK = {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4,
                   "gsm8k": 4}
 #: The six benchmarks averaged (unweighted) in the paper's "Avg" column, in table order.

@@ -1,7 +1,7 @@
-"""Per-run benchmark summaries and the paper-style comparison table (spec §7.2 layout; markdown + CSV).
+"""Per-run benchmark summaries and the paper-style comparison table (the STAPO paper's layout; markdown + CSV).
 
 Rows are runs, columns the six benchmarks (then any others, e.g. GSM8K, which are not in "Avg"), "Avg" (unweighted
-mean of the six, spec §6.2) and "Δ Avg vs <first run>" (relative gain in %). Cells are percentages with 2 decimals.
+mean of the six, as in the paper) and "Δ Avg vs <first run>" (relative gain in %). Cells are percentages with 2 decimals.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Rule-based math rewards for verl 0.9.1 with hard per-sample timeouts.
 
-Use as verl's custom reward function (``verl/trainer/ppo/reward.py:get_custom_reward_fn``)::
+Use as verl's custom reward function (``verl.trainer.ppo.reward.get_custom_reward_fn``)::
 
     reward.custom_reward_function.path=pkg://stapo_verl.rewards
     reward.custom_reward_function.name=compute_score
@@ -9,43 +9,48 @@ with verl's built-in ``naive`` or ``dapo`` reward-loop manager (``reward.reward_
 registered, because a registration done only in the driver would be missing in the reward-loop workers, while the
 custom function is loaded by path inside every worker.
 
-Modules: :mod:`.dapo` (strict box / DAPO ``Answer:`` line, training), :mod:`.math_verify_scorer` (benchmarks),
-:mod:`.normalize` (verl's answer normalisers), :mod:`.timeout` (killable workers), :mod:`.routing`
-(``data_source`` → scorer, :func:`compute_score`).
+Importing this package imports neither verl nor torch (nor math-verify, which only the worker processes load).
+
+Modules: :mod:`.extract` (boxes, ``Answer:`` lines), :mod:`.equivalence` (math-verify with per-route tolerance),
+:mod:`.dapo` (strict training scorers), :mod:`.math_verify_scorer` (benchmarks), :mod:`.verl_rules` (copies of verl's
+normalisers), :mod:`.timeout` and :mod:`.worker` (killable worker processes), :mod:`.routing` (``data_source`` →
+scorer, :func:`compute_score`).
 """
 
-from stapo_verl.rewards.dapo import (
-    extract_boxed_answer,
-    extract_final_answer,
-    find_last_boxed,
-    score_dapo_format,
-    score_strict_box,
-)
-from stapo_verl.rewards.math_verify_scorer import answers_equivalent, score_math_verify
+from stapo_verl.rewards.dapo import extract_boxed_answer, extract_final_answer, score_dapo_format, score_strict_box
+from stapo_verl.rewards.equivalence import EXACT, RELATIVE_1E4, Tolerance, answers_equivalent
+from stapo_verl.rewards.math_verify_scorer import score_math_verify
 from stapo_verl.rewards.routing import (
     DAPO_FORMAT,
     MATH_VERIFY,
+    RESULT_KEYS,
     STRICT_BOX,
     UnknownDataSourceError,
     compute_score,
     get_runner,
+    route_for,
     scorer_for,
 )
-from stapo_verl.rewards.timeout import CallResult, KillableRunner
+from stapo_verl.rewards.timeout import CallResult, KillableRunner, WorkerStartError
 
 __all__ = [
     "DAPO_FORMAT",
+    "EXACT",
     "MATH_VERIFY",
+    "RELATIVE_1E4",
+    "RESULT_KEYS",
     "STRICT_BOX",
     "CallResult",
     "KillableRunner",
+    "Tolerance",
     "UnknownDataSourceError",
+    "WorkerStartError",
     "answers_equivalent",
     "compute_score",
     "extract_boxed_answer",
     "extract_final_answer",
-    "find_last_boxed",
     "get_runner",
+    "route_for",
     "score_dapo_format",
     "score_math_verify",
     "score_strict_box",

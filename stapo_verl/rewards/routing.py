@@ -1,22 +1,22 @@
-"""Route verl ``data_source`` values to a scorer and run it under a hard timeout.
+"""Route verl ``data_source`` values to a scorer and a numeric tolerance, and run it under a hard timeout.
 
-Routing (keys are matched case-insensitively):
+Routing (keys matched case-insensitively; :func:`route_for`):
 
-* DAPO-format scorer (:func:`.dapo.score_dapo_format`, training reward; spec §6.1, A15): ``math_dapo`` (what
-  ``python -m stapo_verl.data.prepare --dataset dapo-math-17k`` writes, and the name the *published*
-  DAPO-Math-17k parquet carries) and ``math_dapo_reasoning``. The final answer is the last ``\\boxed{}`` or the
-  last ``Answer:`` line, whichever comes last in the 300-character tail: the published prompt asks for
-  ``Answer: $Answer``, JustRL's (prepare's) for ``\\boxed{}``, and the reward never sees the prompt. verl's own
-  ``math_dapo`` scorer accepts both forms too.
-* strict box scorer (:func:`.dapo.score_strict_box`): ``dapo-math-17k``, ``dapo-17k`` (the SvS copy, bare problem
-  texts); ``scorer="strict_box"`` forces it everywhere (JustRL's box-only rule).
-* math-verify scorer (:mod:`.math_verify_scorer`, evaluation; spec §6.2, A16): ``aime24``, ``aime25``,
-  ``amc23``, ``math500``, ``minerva``, ``olympiadbench``, ``gsm8k``, any other ``aime*``, verl's own names
-  ``huggingfaceh4/math-500``, ``openai/gsm8k``, ``lighteval/math``, ``digitallearninggmbh/math-lighteval``, and
-  ``math``: Hendrycks MATH answers are LaTeX expressions (``\\frac{\\sqrt{3}}{2}``, intervals, tuples), for which an
-  exact string match after normalisation rejects correct equivalent forms; the strict scorers are for DAPO's
-  integer answers. (verl 0.9.1's ``default_compute_score`` sends ``math`` to its DAPO scorer; here it gets the
-  benchmark scorer.)
+* **DAPO format** (:func:`stapo_verl.rewards.dapo.score_dapo_format`, training reward), tolerance exact:
+  ``math_dapo`` (what ``python -m stapo_verl.data.prepare --dataset dapo-math-17k`` writes, and the name the
+  published DAPO-Math-17k parquet carries) and ``math_dapo_reasoning``. The published prompt asks for
+  ``Answer: $Answer``, JustRL's (prepare's) for ``\\boxed{}``, and the reward never sees the prompt: both are read,
+  with verl's order (the ``Answer:`` line first).
+* **strict box** (:func:`stapo_verl.rewards.dapo.score_strict_box`), tolerance exact: ``dapo-math-17k`` and
+  ``dapo-17k`` (the SvS copy, bare problem texts); ``scorer="strict_box"`` forces it everywhere (JustRL's rule).
+* **math-verify** (:func:`stapo_verl.rewards.math_verify_scorer.score_math_verify`, evaluation):
+  ``aime24``, ``aime25``, any other ``aime*``, ``amc23``, ``math500``, ``olympiadbench``, ``gsm8k``, ``math`` and
+  verl's names ``huggingfaceh4/math-500``, ``openai/gsm8k``, ``lighteval/math``,
+  ``digitallearninggmbh/math-lighteval`` with tolerance exact (competition answers are exact numbers and
+  expressions); ``minerva`` with relative tolerance 1e-4 (physical quantities given to a few significant figures;
+  see :mod:`stapo_verl.rewards.equivalence`). Hendrycks MATH answers are LaTeX expressions (``\\frac{\\sqrt{3}}{2}``,
+  intervals, tuples), for which a string match after normalisation rejects correct equivalent forms; verl 0.9.1's
+  ``default_compute_score`` sends ``math`` to its DAPO scorer, here it gets the benchmark scorer.
 
 Anything else raises :class:`UnknownDataSourceError` (verl's ``default_compute_score`` raises
 ``NotImplementedError`` likewise) rather than silently scoring with the wrong rule.
@@ -24,11 +24,13 @@ Anything else raises :class:`UnknownDataSourceError` (verl's ``default_compute_s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
 
 from stapo_verl.rewards.dapo import score_dapo_format, score_strict_box
+from stapo_verl.rewards.equivalence import EXACT, RELATIVE_1E4, TOLERANCES, get_tolerance
 from stapo_verl.rewards.math_verify_scorer import score_math_verify
 from stapo_verl.rewards.timeout import DEFAULT_TIMEOUT_S, KillableRunner
 
@@ -37,34 +39,45 @@ logger = logging.getLogger(__name__)
 STRICT_BOX = "strict_box"
 DAPO_FORMAT = "dapo_format"
 MATH_VERIFY = "math_verify"
-SCORERS = {STRICT_BOX: score_strict_box, DAPO_FORMAT: score_dapo_format, MATH_VERIFY: score_math_verify}
+SCORERS = (STRICT_BOX, DAPO_FORMAT, MATH_VERIFY)
+#: Keys of every :func:`compute_score` result (verl builds its reward-extra arrays from the first sample's keys).
+RESULT_KEYS = ("score", "acc", "pred", "timeout", "no_box", "data_source")
 
-_ROUTES = {
-    "math_dapo": DAPO_FORMAT,
-    "math_dapo_reasoning": DAPO_FORMAT,
-    "dapo-math-17k": STRICT_BOX,
-    "dapo-17k": STRICT_BOX,
-    "math": MATH_VERIFY,
-    "aime24": MATH_VERIFY,
-    "aime25": MATH_VERIFY,
-    "amc23": MATH_VERIFY,
-    "math500": MATH_VERIFY,
-    "minerva": MATH_VERIFY,
-    "olympiadbench": MATH_VERIFY,
-    "gsm8k": MATH_VERIFY,
-    "huggingfaceh4/math-500": MATH_VERIFY,
-    "openai/gsm8k": MATH_VERIFY,
-    "lighteval/math": MATH_VERIFY,
-    "digitallearninggmbh/math-lighteval": MATH_VERIFY,
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """A scorer name (one of :data:`SCORERS`) and a tolerance name (a key of ``equivalence.TOLERANCES``)."""
+
+    scorer: str
+    tolerance: str
+
+
+_ROUTES: dict[str, Route] = {
+    "math_dapo": Route(DAPO_FORMAT, EXACT.name),
+    "math_dapo_reasoning": Route(DAPO_FORMAT, EXACT.name),
+    "dapo-math-17k": Route(STRICT_BOX, EXACT.name),
+    "dapo-17k": Route(STRICT_BOX, EXACT.name),
+    "math": Route(MATH_VERIFY, EXACT.name),
+    "aime24": Route(MATH_VERIFY, EXACT.name),
+    "aime25": Route(MATH_VERIFY, EXACT.name),
+    "amc23": Route(MATH_VERIFY, EXACT.name),
+    "math500": Route(MATH_VERIFY, EXACT.name),
+    "minerva": Route(MATH_VERIFY, RELATIVE_1E4.name),
+    "olympiadbench": Route(MATH_VERIFY, EXACT.name),
+    "gsm8k": Route(MATH_VERIFY, EXACT.name),
+    "huggingfaceh4/math-500": Route(MATH_VERIFY, EXACT.name),
+    "openai/gsm8k": Route(MATH_VERIFY, EXACT.name),
+    "lighteval/math": Route(MATH_VERIFY, EXACT.name),
+    "digitallearninggmbh/math-lighteval": Route(MATH_VERIFY, EXACT.name),
 }
 
 
 class UnknownDataSourceError(ValueError):
-    """A ``data_source`` (or forced scorer name) that no scorer is registered for."""
+    """A ``data_source`` (or forced scorer / tolerance name) that nothing is registered for."""
 
 
-def scorer_for(data_source: str) -> str:
-    """Name of the scorer (``"dapo_format"``, ``"strict_box"`` or ``"math_verify"``) for a ``data_source``.
+def route_for(data_source: str) -> Route:
+    """The :class:`Route` of a ``data_source``.
 
     Raises:
         UnknownDataSourceError: naming the value and the allowed ones.
@@ -73,11 +86,40 @@ def scorer_for(data_source: str) -> str:
     if key in _ROUTES:
         return _ROUTES[key]
     if key.startswith("aime"):
-        return MATH_VERIFY
+        return Route(MATH_VERIFY, EXACT.name)
     raise UnknownDataSourceError(
         f"data_source={data_source!r} has no scorer; allowed: {sorted(_ROUTES)} or any 'aime*' "
-        f"(or pass scorer= one of {sorted(SCORERS)} in reward.custom_reward_function.reward_kwargs)"
-    )
+        f"(or pass scorer= one of {sorted(SCORERS)} in reward.custom_reward_function.reward_kwargs)")
+
+
+def scorer_for(data_source: str) -> str:
+    """Name of the scorer (``"dapo_format"``, ``"strict_box"`` or ``"math_verify"``) for a ``data_source``.
+
+    Raises:
+        UnknownDataSourceError: naming the value and the allowed ones.
+    """
+    return route_for(data_source).scorer
+
+
+def score_response(scorer: str, tolerance: str, solution_str: str, ground_truth: str) -> dict:
+    """Score one response in this process (what a worker runs): the named scorer with the named tolerance.
+
+    Raises:
+        UnknownDataSourceError: unknown ``scorer`` or ``tolerance``.
+    """
+    if scorer == MATH_VERIFY:
+        try:
+            tol = get_tolerance(tolerance)
+        except ValueError as exc:
+            raise UnknownDataSourceError(str(exc)) from None
+        return score_math_verify(solution_str, ground_truth, tol)
+    if tolerance != EXACT.name:
+        raise UnknownDataSourceError(f"scorer={scorer!r} compares exactly; tolerance={tolerance!r} is not allowed")
+    if scorer == STRICT_BOX:
+        return score_strict_box(solution_str, ground_truth)
+    if scorer == DAPO_FORMAT:
+        return score_dapo_format(solution_str, ground_truth)
+    raise UnknownDataSourceError(f"scorer={scorer!r} is unknown; allowed: {sorted(SCORERS)}")
 
 
 _runner: KillableRunner | None = None
@@ -85,72 +127,86 @@ _runner_lock = threading.Lock()
 
 
 def get_runner() -> KillableRunner:
-    """The process-wide :class:`KillableRunner` (created on first use; env ``STAPO_REWARD_TIMEOUT_S``)."""
+    """The process-wide :class:`KillableRunner` (created on first use; env ``STAPO_REWARD_TIMEOUT_S``).
+
+    Raises:
+        ValueError: ``STAPO_REWARD_TIMEOUT_S`` is not a positive number.
+    """
     global _runner
     if _runner is None:
         with _runner_lock:
             if _runner is None:
-                _runner = KillableRunner(timeout_s=float(os.environ.get("STAPO_REWARD_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
+                raw = os.environ.get("STAPO_REWARD_TIMEOUT_S", str(DEFAULT_TIMEOUT_S))
+                try:
+                    timeout = float(raw)
+                except ValueError as exc:
+                    raise ValueError(f"STAPO_REWARD_TIMEOUT_S={raw!r} must be a number of seconds") from exc
+                _runner = KillableRunner(timeout_s=timeout)
     return _runner
 
 
-def timeout_result(solution_str: str) -> dict:
-    """The result recorded for a timed-out scorer call: wrong (−1), ``timeout=True``, ``pred=""``."""
-    return {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": "\\boxed{" not in solution_str}
+def _has_box(text: str) -> bool:
+    return "\\boxed" in text or "\\fbox" in text
 
 
-def compute_score(
-    data_source: str,
-    solution_str: str,
-    ground_truth: str,
-    extra_info: dict | None = None,
-    *,
-    scorer: str | None = None,
-    timeout_s: float | None = None,
-    **kwargs,
-) -> dict:
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, *,
+                  scorer: str | None = None, tolerance: str | None = None, timeout_s: float | None = None,
+                  **kwargs) -> dict:
     """verl custom reward function: score one response with the scorer routed from ``data_source``.
 
-    Signature follows verl 0.9.1's reward-loop managers (``experimental/reward_loop/reward_manager/naive.py``,
-    ``dapo.py``: ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=, **extra)``), loaded by
-    ``trainer/ppo/reward.py:get_custom_reward_fn`` from ``pkg://stapo_verl.rewards`` / ``compute_score``;
-    ``reward.custom_reward_function.reward_kwargs`` arrive as keyword arguments.
+    The signature is the one verl 0.9.1's reward-loop managers call
+    (``verl.experimental.reward_loop.reward_manager.naive.NaiveRewardManager.run_single`` and ``...dapo.
+    DAPORewardManager.run_single``: ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=,
+    **extra)``); verl loads it with ``verl.trainer.ppo.reward.get_custom_reward_fn`` from
+    ``reward.custom_reward_function.path=pkg://stapo_verl.rewards`` and ``name=compute_score``, and passes
+    ``reward.custom_reward_function.reward_kwargs`` as keyword arguments.
 
     Args:
-        data_source: the row's ``data_source`` (see the module docstring for the routing).
+        data_source: the row's ``data_source`` (routing: module docstring).
         solution_str: decoded response.
         ground_truth: ``reward_model.ground_truth`` (non-str values are converted with ``str``).
         extra_info: the row's ``extra_info`` (unused; accepted for verl).
         scorer: force ``"strict_box"``, ``"dapo_format"`` or ``"math_verify"`` for every data source.
-        timeout_s: hard per-sample timeout in seconds (default env ``STAPO_REWARD_TIMEOUT_S`` or 5);
-            ``0`` runs the scorer in-process without protection (debugging only).
+        tolerance: force a tolerance of the math-verify scorer (``"exact"`` or ``"relative_1e-4"``).
+        timeout_s: hard per-sample timeout in seconds (default env ``STAPO_REWARD_TIMEOUT_S`` or 5); ``0`` runs
+            the scorer in this process without protection (debugging and tests only).
         **kwargs: other verl keywords (``reward_router_address``, ...) are ignored.
 
     Returns:
-        ``{"score": float ±1, "acc": bool, "pred": str, "timeout": bool, "no_box": bool, "data_source": str}`` — the same keys
-        for every call, because verl builds its reward-extra arrays from the first sample's keys.
+        ``{"score": ±1.0, "acc": bool, "pred": str, "timeout": bool, "no_box": bool, "data_source": str}``, the
+        same keys (:data:`RESULT_KEYS`) for every call.
 
     Raises:
-        UnknownDataSourceError: unknown ``data_source`` or ``scorer``.
+        UnknownDataSourceError: unknown ``data_source``, ``scorer`` or ``tolerance``.
+        ValueError: negative ``timeout_s``.
+        stapo_verl.rewards.timeout.WorkerStartError: the reward workers cannot start (e.g. math-verify missing).
     """
-    name = scorer if scorer is not None else scorer_for(data_source)
-    if name not in SCORERS:
-        raise UnknownDataSourceError(f"scorer={name!r} is unknown; allowed: {sorted(SCORERS)}")
-    fn = SCORERS[name]
-    solution_str = str(solution_str)
-    ground_truth = str(ground_truth)
+    route = route_for(data_source) if scorer is None else Route(
+        scorer, route_for(data_source).tolerance if str(data_source).strip().lower() in _ROUTES else EXACT.name)
+    if route.scorer not in SCORERS:
+        raise UnknownDataSourceError(f"scorer={route.scorer!r} is unknown; allowed: {sorted(SCORERS)}")
+    if tolerance is not None:
+        if tolerance not in TOLERANCES:
+            raise UnknownDataSourceError(f"tolerance={tolerance!r} is unknown; allowed: {sorted(TOLERANCES)}")
+        route = Route(route.scorer, tolerance)
+    if route.scorer != MATH_VERIFY and route.tolerance != EXACT.name:
+        raise UnknownDataSourceError(
+            f"scorer={route.scorer!r} compares exactly; tolerance={route.tolerance!r} is only for 'math_verify'")
+    solution_str, ground_truth = str(solution_str), str(ground_truth)
+    if timeout_s is not None and float(timeout_s) < 0:
+        raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
     if timeout_s is not None and float(timeout_s) == 0:
-        out = fn(solution_str, ground_truth)
+        out = score_response(route.scorer, route.tolerance, solution_str, ground_truth)
     else:
-        result = get_runner().run(fn, solution_str, ground_truth, timeout_s=timeout_s)
+        result = get_runner().run(score_response, route.scorer, route.tolerance, solution_str, ground_truth,
+                                  timeout_s=timeout_s)
         if result.timed_out:
-            out = timeout_result(solution_str)
-        elif result.error is not None:  # the scorer raised (or its worker died): a wrong answer, not a timeout
-            logger.warning("reward scorer %s failed on data_source=%r: %s", name, data_source, result.error)
-            out = timeout_result(solution_str)
-            out["timeout"] = False
+            out = {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": not _has_box(solution_str)}
+        elif result.error is not None:  # the scorer raised on this input (or its worker died): a wrong answer
+            logger.warning("reward scorer %s failed on data_source=%r: %s", route.scorer, data_source, result.error)
+            out = {"score": -1.0, "acc": False, "pred": "", "timeout": False, "no_box": not _has_box(solution_str)}
         else:
             out = result.value
-    # verl's validation dump (trainer.validation_data_dir) records reward-extra keys per row; the source lets
-    # stapo_verl.plots compute a per-benchmark standard error. verl skips string values in its metrics.
+    # verl's validation dump records reward-extra keys per row; the source lets stapo_verl.plots compute a
+    # per-benchmark standard error. verl skips string values in its metrics.
     return {**out, "data_source": str(data_source)}

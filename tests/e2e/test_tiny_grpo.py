@@ -1,23 +1,36 @@
-"""End to end: the tiny GRPO baseline (``bash recipes/tiny_cpu_grpo.sh``) for one training step.
+"""End to end: the tiny GRPO recipe (``bash recipes/tiny_cpu_grpo.sh``: KL loss with a reference model) with the
+S2T mask in front of verl's CISPO loss, 2 training steps on the FSDP engine.
 
 GRPO's delta adds the KL loss and so verl's forward-only FSDP2 reference engine, which on CPU needs the
 ``CPUOffloadPolicy(pin_memory=False)`` substitution of :func:`stapo_verl.cpu.register` and an fp32 reference model
 (recipes/common/cpu.sh). At step 1 the reference model *is* the policy, so in fp32 the low_var_kl loss is exactly 0
-(a bf16 reference gives ~1e-4).
+(a bf16 reference gives ~1e-4). The mask composes with ``loss_mode=cispo``: tokens are silenced, and the
+policy-gradient denominator the pre-pass hands the loss is Σ K. That the KL and entropy terms are unchanged by the
+mask is asserted at the engine level (``tests/integration/core/test_fsdp_engine.py``: the same weights and batch with
+and without the mask give identical ``kl_loss`` and ``entropy_loss``).
 """
 
 from __future__ import annotations
 
-from support.runs import failure_text, metrics_by_step, run_recipe
+from support.runs import check_mask_and_denominator, failure_text, metrics_by_step, run_config, run_recipe
+
+PL = "actor_rollout_ref.actor.policy_loss"
+#: a τ_p this high makes every step of the tiny model have S2T candidates (the recipe's 0.1 may leave none)
+MASK = ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo", f"++{PL}.token_mask=s2t", f"++{PL}.tau_p=0.5"]
 
 
-def test_tiny_grpo_one_step_with_reference_model(tmp_path):
+def test_tiny_grpo_with_cispo_and_s2t_two_steps_with_reference_model(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_recipe("tiny_cpu_grpo.sh", run_dir, "trainer.total_training_steps=1", "trainer.val_before_train=False",
+    r = run_recipe("tiny_cpu_grpo.sh", run_dir, "trainer.total_training_steps=2", "trainer.val_before_train=False",
                    "trainer.test_freq=-1", "trainer.save_freq=-1", "data.train_batch_size=8",
-                   "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4")
+                   "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4", *MASK)
     assert r.returncode == 0, failure_text(run_dir, r)
-    step1 = metrics_by_step(run_dir / "metrics.jsonl")[1]
-    assert step1["actor/kl_coef"] == 0.001  # GRPO's KL loss is on
-    assert step1["actor/kl_loss"] == 0.0  # reference == policy at step 1, both fp32
-    assert not any(k.startswith(("actor/stapo/", "actor/top_entropy/")) for k in step1)  # no token mask
+    cfg = run_config(run_dir).actor_rollout_ref.actor
+    assert (cfg.policy_loss.loss_mode, cfg.policy_loss.token_mask, cfg.use_kl_loss) == ("cispo", "s2t", True)
+    m = metrics_by_step(run_dir / "metrics.jsonl")
+    assert sorted(m) == [1, 2]
+    for step in (1, 2):
+        check_mask_and_denominator(m[step])
+        assert m[step]["actor/kl_coef"] == 0.001  # GRPO's KL loss is on
+    assert m[1]["actor/kl_loss"] == 0.0  # reference == policy at step 1, both fp32
+    assert m[2]["actor/kl_loss"] > 0.0  # one update later the policy has moved away from the reference

@@ -94,7 +94,6 @@ def perturbations(gold: str, other: str) -> list[tuple[str, str]]:
         out.append(("equation_lhs", f"{lhs_digit if lhs_digit is not None else lhs + '+1'} = {rhs}"))
         out.append(("equation_swap", f"{rhs} = {lhs}"))
         out.append(("equation_rhs", rhs))
-        out.append(("equation_lhs", f"2({lhs}) = {rhs}"))
     for which in (0, -1):
         bumped = _sub_nth(_INT, gold, lambda m: str(int(m.group()) + 1), which)
         if bumped:
@@ -162,7 +161,8 @@ def forms(answer: str, dapo_line: bool) -> list[tuple[str, str]]:
     if "$" not in answer and "\n" not in answer and not answer.endswith("."):
         out.append(("boxed_space", PREFIX + "so our answer is $\\boxed " + answer + "$."))
     items = split_list(answer)
-    if len(items) > 1 and not any(("\\boxed" in i or "$" in i) for i in items):
+    thousands = re.fullmatch(r"-?\d{1,3}(?:,(?:\\!)?\d{3})+", answer.strip())  # 58,500 is one number
+    if len(items) > 1 and not thousands and not any(("\\boxed" in i or "$" in i) for i in items):
         joined = ", ".join(f"$\\boxed{{{i}}}$" for i in items[:-1]) + f" and $\\boxed{{{items[-1]}}}$"
         out.append(("multi_box", PREFIX + "The solutions are " + joined + "."))
     if dapo_line:

@@ -11,6 +11,8 @@ Where math-verify is wrong, it uses an exact check instead, each case documented
   non-rational numbers must also agree to 40 significant digits;
 * ``4.5e33`` (read by math-verify as ``4.5·e·33``) is written ``4.5\\times 10^{33}``;
 * a final ``\\%`` (which latex2sympy2_extended cannot parse under the antlr 4.9.3 runtime) is dropped;
+* ``\\dfrac``/``\\tfrac`` are ``\\frac``, ``\\left``/``\\right`` before a delimiter and ``\\!``, ``\\,``, ``\\;``,
+  ``\\:`` are dropped (one meaning, also where math-verify cannot parse the answer);
 * identical strings are equal, and an answer math-verify cannot parse equals only the same text up to spaces;
 * math-verify parses the whole answer or nothing (``extraction_mode="first_match"``): its default fragment search
   reads ``2/3`` out of ``\\frac{2}{3} E_{1}+\\frac{2}{3} E_{2}``.
@@ -30,6 +32,8 @@ math_verify.grader.TIMEOUT_WARNING_SHOWN = True
 
 #: tolerance name → (relative tolerance or None for exact, math-verify float_rounding)
 TOLERANCE = {"exact": (None, 10), "relative_1e-4": (mpmath.mpf("1e-4"), 6)}
+_SAME = [(re.compile(r"\\[dt]frac(?![A-Za-z])"), "\\\\frac"),
+         (re.compile(r"\\(?:left|right)(?=[()\[\]|.]|\\[{}|])"), ""), (re.compile(r"\\[!,;:]"), "")]
 _SCI = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))[eE]([+-]?\d+)$")
 _PCT = re.compile(r"^(.+?)\s*\\?%$")
 
@@ -38,6 +42,8 @@ def _clean(text: str) -> str:
     text = text.strip()
     if len(text) >= 2 and text.startswith("$") and text.endswith("$"):
         text = text.strip("$").strip()
+    for pattern, repl in _SAME:
+        text = pattern.sub(repl, text)
     m = _PCT.match(text)
     if m:
         text = m.group(1)

@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from support.procs import REPO
 
 #: Hydra overrides that shrink the tiny run for tests: 8 prompts x 4 samples a step, 32 validation rows, n = 1.
@@ -46,3 +48,12 @@ def run_config(run_dir: Path):
     from omegaconf import OmegaConf
 
     return OmegaConf.load(run_dir / "hydra" / ".hydra" / "config.yaml")
+
+
+def check_mask_and_denominator(m: dict) -> None:
+    """Tokens were silenced, and the PG denominator is Σ K = valid − silenced − non-finite (one mini-batch a step)."""
+    assert m["actor/stapo/num_masked"] > 0
+    n_valid = m["actor/stapo/num_candidates"] / m["actor/stapo/candidate_frac"]
+    kept = n_valid - m["actor/stapo/num_masked"] - m["actor/stapo/nonfinite_tokens"]
+    assert m["actor/policy_batch_num_tokens"] == pytest.approx(kept, abs=1e-6)
+    assert m["actor/stapo/renorm_factor"] == pytest.approx(n_valid / kept)

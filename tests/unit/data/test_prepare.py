@@ -1,9 +1,9 @@
-"""Dataset preparation: every published file in shared/data → verl parquet with the expected rows and schema."""
+"""Dataset preparation on the vendored slices of the published files (``tests/data/benchmarks``), and on
+synthetic files for the layouts and errors that the slices do not cover."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -11,57 +11,42 @@ import pyarrow.parquet as pq
 import pytest
 
 from stapo_verl.data import JUSTRL_SUFFIX, SCHEMA, DataPrepError
-from stapo_verl.data.datasets import DAPO_PREFIX, DAPO_SUFFIX
+from stapo_verl.data.datasets import DAPO_PREFIX, DAPO_SUFFIX, SPECS, clean_olympiad_answer
 from stapo_verl.data.prepare import main, prepare_dataset
 from stapo_verl.data.readers import resolve_source
 from stapo_verl.data.split import take_rows, train_val_split
 from stapo_verl.rewards import scorer_for
+from support.data_benchmarks import BENCHMARKS_DIR, gold_rows, manifest
 
-
-def shared_data_dir() -> Path | None:
-    """``<repo>/../shared/data`` (CI layout), else ``$STAPO_SHARED_DIR`` (its ``data`` subfolder or itself)."""
-    path = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    if path.is_dir():
-        return path
-    env = os.environ.get("STAPO_SHARED_DIR")
-    if env:
-        for cand in (Path(env) / "data", Path(env)):
-            if cand.is_dir():
-                return cand
-    return None
-
-
-SHARED = shared_data_dir()
-# shared/ lies beside the clone in CI and on developer machines: its absence is a failure, never a skip.
-needs_shared = pytest.mark.usefixtures("shared_present")
-
-
-#: rows written per dataset; DAPO: 17,917 published rows → 17,188 after deduplication (see docs).
-EXPECTED_ROWS = {"dapo-math-17k": 17188, "aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272,
-                 "olympiadbench": 675, "gsm8k": 1319}
+#: rows of each vendored slice (``tests/data/benchmarks/build.py``); DAPO: 45 rows, 3 repeated problems.
+SLICE_ROWS = {"dapo-math-17k": 45, "aime24": 6, "aime25": 30, "amc23": 40, "math500": 40, "minerva": 20,
+              "olympiadbench": 18, "gsm8k": 22}
+WRITTEN_ROWS = {**SLICE_ROWS, "dapo-math-17k": 42}
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     out = tmp_path_factory.mktemp("prepared")
-    assert main(["--dataset", "all", "--src", str(SHARED), "--out", str(out)]) == 0
+    assert main(["--dataset", "all", "--src", str(BENCHMARKS_DIR), "--out", str(out)]) == 0
     return out
 
 
-@needs_shared
-@pytest.mark.parametrize("name", sorted(EXPECTED_ROWS))
+def _rows(prepared: Path, name: str) -> list[dict]:
+    return pq.read_table(prepared / f"{name}.parquet").to_pylist()
+
+
+@pytest.mark.parametrize("name", sorted(SLICE_ROWS))
 def test_prepared_rows_and_schema(prepared, name):
     table = pq.read_table(prepared / f"{name}.parquet")
-    assert table.num_rows == EXPECTED_ROWS[name]
+    assert table.num_rows == WRITTEN_ROWS[name]
     assert table.schema.equals(SCHEMA), table.schema
     assert table.schema.field("prompt").type == pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
     assert table.schema.field("extra_info").type.field("index").type == pa.int64()
     rows = table.to_pylist()
     for i, r in enumerate(rows):
-        assert r["ability"] == "math"
-        assert r["reward_model"]["style"] == "rule"
+        assert r["ability"] == "math" and r["reward_model"]["style"] == "rule"
         gt = r["reward_model"]["ground_truth"]
-        assert isinstance(gt, str) and gt.strip() == gt and gt
+        assert isinstance(gt, str) and gt.strip() == gt and gt and "$" not in gt.replace("\\$", "")
         assert len(r["prompt"]) == 1 and r["prompt"][0]["role"] == "user"
         assert r["prompt"][0]["content"] == r["extra_info"]["problem"] + JUSTRL_SUFFIX
         assert r["extra_info"]["index"] == i and r["extra_info"]["benchmark"] == name
@@ -71,29 +56,57 @@ def test_prepared_rows_and_schema(prepared, name):
     scorer_for(sources.pop())  # routes without raising
 
 
-@needs_shared
+@pytest.mark.parametrize("name", sorted(SLICE_ROWS))
+def test_prepared_ground_truths_match_the_vendored_gold_file(name, tmp_path):
+    """The gold file (every row of the original, written by build.py) and preparing the slice agree row by row:
+    the differential reward test scores what preparation writes."""
+    gold = {row: answer for row, _, answer in gold_rows(name)}
+    source_rows = manifest()[name]["slice_source_rows"]
+    summary = prepare_dataset(name, str(BENCHMARKS_DIR), tmp_path, dedup=False)
+    rows = pq.read_table(summary.out_path).to_pylist()
+    assert len(rows) == len(source_rows) == SLICE_ROWS[name]
+    assert [r["reward_model"]["ground_truth"] for r in rows] == [gold[i] for i in source_rows]
+
+
 def test_answer_canonicalisation(prepared):
-    aime24 = pq.read_table(prepared / "aime24.parquet").to_pylist()
-    assert all(not r["reward_model"]["ground_truth"].startswith("0") for r in aime24)  # "025" → "25"
-    assert {r["extra_info"]["problem_id"]: r["reward_model"]["ground_truth"] for r in aime24}["60"] == "204"
-    amc = {r["extra_info"]["problem_id"]: r["reward_model"]["ground_truth"]
-           for r in pq.read_table(prepared / "amc23.parquet").to_pylist()}
-    assert amc["0"] == "27" and "-1" in amc.values()  # floats 27.0 / -1.0
-    minerva = pq.read_table(prepared / "minerva.parquet").to_pylist()
-    assert minerva[0]["reward_model"]["ground_truth"] == "1.6" and minerva[1]["reward_model"]["ground_truth"] == "4.5e33"
-    oly = pq.read_table(prepared / "olympiadbench.parquet").to_pylist()
-    assert oly[1]["reward_model"]["ground_truth"] == "\\frac{1}{2 n+2}"  # "$...$" stripped
-    gsm = [r["reward_model"]["ground_truth"] for r in pq.read_table(prepared / "gsm8k.parquet").to_pylist()]
-    assert gsm[0] == "18" and all("," not in g for g in gsm)
+    aime24 = {r["extra_info"]["problem_id"]: r["reward_model"]["ground_truth"] for r in _rows(prepared, "aime24")}
+    assert aime24 == {"60": "204", "67": "25", "74": "480", "75": "73", "83": "45", "84": "33"}  # "025" → "25"
+    amc = {r["extra_info"]["problem_id"]: r["reward_model"]["ground_truth"] for r in _rows(prepared, "amc23")}
+    assert amc["0"] == "27" and amc["17"] == "-1"  # floats 27.0 / -1.0
+    minerva = [r["reward_model"]["ground_truth"] for r in _rows(prepared, "minerva")]
+    assert minerva[:2] == ["1.6", "4.5e33"]  # the last \boxed{} of the solution
+    oly = {r["extra_info"]["problem_id"]: r["reward_model"]["ground_truth"] for r in _rows(prepared, "olympiadbench")}
+    assert oly["1610"] == "\\frac{1}{2 n+2}"  # "$...$" stripped
+    assert oly["1664"] == "69,84"  # "$69$,$84$": every inner "$" removed
+    assert oly["1760"] == "\\angle B E A_{1}=90,\\angle A E B_{1}=90"
+    assert oly["1970"] == "(-\\infty, 0) \\cup\\{1\\}"  # "$...$." : the sentence period goes too
+    gsm = [r["reward_model"]["ground_truth"] for r in _rows(prepared, "gsm8k")]
+    assert gsm[0] == "18" and all("," not in g for g in gsm) and len(gsm) == 22
 
 
-@needs_shared
-def test_dapo_dedup(prepared, capsys):
-    rows = pq.read_table(prepared / "dapo-math-17k.parquet").to_pylist()
+def test_olympiad_answers_in_the_gold_file_have_no_math_delimiters():
+    golds = [g for _, _, g in gold_rows("olympiadbench")]
+    assert len(golds) == 675 and not any("$" in g.replace("\\$", "") for g in golds)
+
+
+def test_clean_olympiad_answer():
+    assert clean_olympiad_answer("$69$,$84$") == "69,84"
+    assert clean_olympiad_answer("$221,$8$") == "221,8"
+    assert clean_olympiad_answer("2") == "2"
+    assert clean_olympiad_answer("\\$5") == "\\$5"  # an escaped dollar is text
+
+
+def test_dapo_dedup_on_the_vendored_slice(prepared, tmp_path, capsys):
+    """The slice repeats three problems (rows 35/179 with different answers, 226/261 and 234/248 alike)."""
+    rows = _rows(prepared, "dapo-math-17k")
     problems = [" ".join(r["extra_info"]["problem"].split()) for r in rows]
-    assert len(set(problems)) == len(problems)
+    assert len(set(problems)) == len(problems) == 42
     assert all(r["reward_model"]["ground_truth"].lstrip("-").isdigit() for r in rows)
-    assert not any("Remember to put your answer" in p for p in problems)
+    summary = prepare_dataset("dapo-math-17k", str(BENCHMARKS_DIR), tmp_path)
+    assert summary.rows_read == 45 and summary.rows_written == 42
+    assert summary.dropped == {"duplicate_problem": 2, "duplicate_problem_other_answer": 1}
+    raw = prepare_dataset("dapo-math-17k", str(BENCHMARKS_DIR), tmp_path / "raw", dedup=False)
+    assert raw.rows_written == 45 and raw.dropped == {}
 
 
 def _write_jsonl(path: Path, recs: list[dict]) -> Path:
@@ -118,8 +131,6 @@ def test_dapo_original_layout_dedup_and_template(tmp_path, capsys):
     assert [r["extra_info"]["problem"] for r in rows] == ["What is 1+1?", "What is 2+3?"]
     assert rows[0]["prompt"][0]["content"] == "What is 1+1?" + JUSTRL_SUFFIX
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["2", "5"]
-    summary = prepare_dataset("dapo-math-17k", str(tmp_path / "dapo-math-17k.parquet"), tmp_path / "raw", dedup=False)
-    assert summary.rows_written == 6 and summary.dropped == {}
 
 
 def test_open_r1_processed_layout(tmp_path):
@@ -139,7 +150,7 @@ def test_max_rows_and_split_helpers(tmp_path):
     assert len(sample) == 3 and sample == sorted(sample) and sample == take_rows(list(range(10)), 3, seed=1)
     train, val = train_val_split(list(range(10)), 2)
     assert len(train) == 8 and len(val) == 2 and not set(train) & set(val)
-    with pytest.raises(ValueError, match="max_rows"):
+    with pytest.raises(ValueError, match="max_rows must be >= 1, got 0"):
         take_rows([1, 2, 3], 0)
 
 
@@ -154,11 +165,14 @@ def test_errors_name_file_and_row(tmp_path, capsys):
     with pytest.raises(DataPrepError, match=r"empty answer.*empty\.jsonl, row 0"):
         prepare_dataset("math500", str(empty), tmp_path / "o")
     aime = _write_jsonl(tmp_path / "aime.jsonl", [{"problem": "a", "answer": "1/2"}])
-    with pytest.raises(DataPrepError, match="not a number"):
+    with pytest.raises(DataPrepError, match="answer '1/2' is not a number"):
         prepare_dataset("aime24", str(aime), tmp_path / "o")
     gsm = _write_jsonl(tmp_path / "gsm.jsonl", [{"question": "a", "answer": "no marker"}])
     with pytest.raises(DataPrepError, match="####"):
         prepare_dataset("gsm8k", str(gsm), tmp_path / "o")
+    oly = _write_jsonl(tmp_path / "oly.jsonl", [{"question": "a", "final_answer": ["$ $"]}])
+    with pytest.raises(DataPrepError, match=r"empty answer.*oly\.jsonl, row 0"):
+        prepare_dataset("olympiadbench", str(oly), tmp_path / "o")
     (tmp_path / "broken.jsonl").write_text('{"problem": "a", "answer": "1"}\n{oops\n')
     with pytest.raises(DataPrepError, match=r"malformed JSON.*row 1"):
         prepare_dataset("math500", str(tmp_path / "broken.jsonl"), tmp_path / "o")
@@ -171,3 +185,8 @@ def test_hf_id_is_not_downloaded_when_resolving():
     assert resolve_source("HuggingFaceH4/MATH-500", ("test.jsonl",)) == "HuggingFaceH4/MATH-500"
     with pytest.raises(DataPrepError, match="neither an existing file"):
         resolve_source("./missing/file.jsonl", ("test.jsonl",))
+
+
+def test_every_dataset_has_a_vendored_slice():
+    for name, spec in SPECS.items():
+        assert any((BENCHMARKS_DIR / rel).is_file() for rel in spec.local_files if "/" in rel), name
