@@ -1,7 +1,13 @@
-"""Property tests of the paper's gradient-norm theorem (spec §5.2–5.6, T1–T7), float64.
+"""Property tests of STAPO's gradient-norm theorem (arXiv 2602.15620 §4; the lemma of Yang et al. 2025,
+arXiv 2505.12929; the entropy-change form of Cui et al. 2025, arXiv 2505.22617), float64.
 
-Oracles: torch autograd for ∇_a J; verl's ``calculate_sum_pi_squared_from_logits`` for S = Σπ² and
-``entropy_from_logits`` for H (``verl/utils/torch_functional.py``).
+Claims checked (numbered in the test comments): T1 the logit gradient of one token's surrogate,
+∇_a J = w (e_k − π), with ‖∇‖² = w² (1 − 2π_k + S), S = Σπ²; T2/T4 the bounds e^{−H} ≤ S ≤ 1 − C_V H², hence the
+two-sided bound on ‖∇‖²; T5/T6 the first-order entropy change dH/dη = −Â π_k (ln π_k + H) and its sign rule;
+T7 the constant C_V = (|V| − 1) / (|V| (ln |V|)²) at Qwen3's vocabulary.
+
+Oracles: torch autograd for ∇_a J; verl's ``calculate_sum_pi_squared_from_logits`` for S and
+``entropy_from_logits`` for H (``verl.utils.torch_functional``).
 """
 
 import math
@@ -14,7 +20,7 @@ from verl.utils.torch_functional import calculate_sum_pi_squared_from_logits, en
 
 
 def c_v(vocab: int) -> float:
-    """C_V = (|V| − 1) / (|V| (ln |V|)²) of the theorem's upper bound (spec §5.3)."""
+    """C_V = (|V| − 1) / (|V| (ln |V|)²) of the theorem's upper bound on S = Σπ²."""
     return (vocab - 1) / (vocab * math.log(vocab) ** 2)
 
 
