@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import sys
 import types
 import typing
@@ -158,6 +159,16 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         dump_dir: directory of the dump; ``""`` → the directory of ``$VERL_FILE_LOGGER_PATH`` when set, else
             ``./stapo_tokens``.
         dump_max_rows_per_step: cap of dumped rows per DP rank per step (≥ 1). Default 256.
+        dump_every: when the dumped rows are also logged as a table to verl's trackers (``trainer.logger``):
+            None (default) at each validation step (``trainer.test_freq`` and the last step), 0 never, n ≥ 1 every
+            n steps and at the last step. Needs ``dump_tokens``; see ``docs/diagnostics.md``.
+        table_max_rows: rows of one tracker table, over the DP group: silenced first (up to half), then as many kept
+            candidates (≥ 2). Default 256.
+        collapse_z_threshold: |z| of ``actor/entropy`` or of the LM-head (or total) gradient norm against its
+            running mean above which a one-line console warning is printed (> 0); None: z-scores only. Default 4.
+        collapse_window: previous steps the running mean and standard deviation use (≥ 2). Default 20.
+        collapse_warmup_steps: previous steps needed before a z-score is logged (2 ≤ it ≤ collapse_window).
+            Default 5.
 
     Numeric keys (inherited ones included) accept numeric strings, coerced exactly.
 
@@ -176,6 +187,11 @@ class StapoPolicyLossConfig(PolicyLossConfig):
     dump_tokens: bool = False
     dump_dir: str = ""
     dump_max_rows_per_step: int = 256
+    dump_every: Optional[int] = None
+    table_max_rows: int = 256
+    collapse_z_threshold: Optional[float] = 4.0
+    collapse_window: int = 20
+    collapse_warmup_steps: int = 5
 
     def _coerce_fields(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -237,6 +253,27 @@ class StapoPolicyLossConfig(PolicyLossConfig):
                 )
             _check_range("dump_max_rows_per_step", self.dump_max_rows_per_step, self.dump_max_rows_per_step >= 1,
                          ">= 1")
+        self._check_diagnostics()
+
+    def _check_diagnostics(self) -> None:
+        """Ranges of the tracker-diagnostics keys (``dump_every``, ``table_max_rows``, ``collapse_*``)."""
+        if self.dump_every is not None:
+            _check_range("dump_every", self.dump_every, self.dump_every >= 0,
+                         "null (at each validation), 0 (never) or n >= 1 (every n steps)")
+            if self.dump_every > 0 and not self.dump_tokens:
+                raise StapoConfigError(
+                    f"{_KEY}.dump_every={self.dump_every} logs the token dump's rows to the trackers: it needs "
+                    f"{_KEY}.dump_tokens=True"
+                )
+        _check_range("table_max_rows", self.table_max_rows, self.table_max_rows >= 2, ">= 2")
+        if self.collapse_z_threshold is not None:
+            _check_range("collapse_z_threshold", self.collapse_z_threshold,
+                         math.isfinite(self.collapse_z_threshold) and self.collapse_z_threshold > 0,
+                         "> 0, or null for z-scores without warnings")
+        _check_range("collapse_window", self.collapse_window, self.collapse_window >= 2, ">= 2")
+        _check_range("collapse_warmup_steps", self.collapse_warmup_steps,
+                     2 <= self.collapse_warmup_steps <= self.collapse_window,
+                     f"2 <= collapse_warmup_steps <= collapse_window ({self.collapse_window})")
 
 
 def stapo_target() -> str:

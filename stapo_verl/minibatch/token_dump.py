@@ -217,23 +217,16 @@ def response_id_getter(data, valid: torch.Tensor):
     raise KeyError("the token dump needs the mini-batch field 'responses' (or nested 'input_ids')")
 
 
-def dump_minibatch_tokens(data, batch: dict, keep: torch.Tensor, *, config, step: int, minibatch: int, dp_rank: int,
-                          tokenizer, budget: int, tau_h: float | None) -> int:
-    """Append this rank's rows for one optimizer mini-batch; returns the number of rows written.
+def minibatch_token_rows(data, batch: dict, keep: torch.Tensor, *, config, step: int, minibatch: int, dp_rank: int,
+                         tokenizer, budget: int, tau_h: float | None) -> list[dict]:
+    """This rank's rows for one optimizer mini-batch (schema :data:`SCHEMA`), not written anywhere.
 
     Silenced = candidates ∧ ¬K; kept contrast = candidates ∧ K, uniformly sampled, as many as silenced rows; at most
-    ``budget`` rows (silenced first). The draw is seeded by (step, mini-batch, DP rank), so reruns dump the same rows.
-
-    Args:
-        data: the mini-batch TensorDict (for the response token ids).
-        batch: the padded (bs, T) fields the mask read: ``old_log_probs``, ``entropy``, ``advantages``,
-            ``response_mask``. keep: (bs, T) bool, the mask's keep decision (``policy_loss_mask``).
-        config: actor config (``policy_loss``: ``tau_p``, ``loss_mode``, ``token_mask``, ``stats_source``,
-            ``dump_dir``). step, minibatch, dp_rank: where the rows come from. tokenizer: HF tokenizer.
-        budget: rows still allowed this step on this rank. tau_h: τ_h of the mini-batch, or None.
+    ``budget`` rows (silenced first). The draw is seeded by (step, mini-batch, DP rank), so reruns select the same
+    rows. Arguments as :func:`dump_minibatch_tokens`.
     """
     if budget <= 0:
-        return 0
+        return []
     pl = config.policy_loss
     valid = batch["response_mask"].bool()
     lp, ent, adv = batch["old_log_probs"], batch["entropy"], batch["advantages"]
@@ -242,10 +235,30 @@ def dump_minibatch_tokens(data, batch: dict, keep: torch.Tensor, *, config, step
     generator = torch.Generator().manual_seed((int(step) * 1_000_003 + int(minibatch)) * 4099 + int(dp_rank))
     sil_idx, kept_idx = select_rows(cand & ~keep, cand & keep, budget, generator)
     if sil_idx.numel() == 0 and kept_idx.numel() == 0:
-        return 0
+        return []
     ctx = DumpContext(step=step, minibatch=minibatch, dp_rank=dp_rank, tau_h=tau_h, tau_p=pl.tau_p,
                       loss_mode=pl.loss_mode, stats_source=pl.stats_source)
-    rows = build_rows(ctx, tokenizer, response_id_getter(data, valid), lp.float(), ent.float(), adv.float(),
+    return build_rows(ctx, tokenizer, response_id_getter(data, valid), lp.float(), ent.float(), adv.float(),
                       sil_idx, kept_idx)
-    append_jsonl(dump_path(pl.dump_dir, dp_rank), rows)
+
+
+def dump_minibatch_tokens(data, batch: dict, keep: torch.Tensor, *, config, step: int, minibatch: int, dp_rank: int,
+                          tokenizer, budget: int, tau_h: float | None) -> int:
+    """Append this rank's rows for one optimizer mini-batch (:func:`minibatch_token_rows`); returns how many.
+
+    Args:
+        data: the mini-batch TensorDict (for the response token ids).
+        batch: the padded (bs, T) fields the mask read: ``old_log_probs``, ``entropy``, ``advantages``,
+            ``response_mask``. keep: (bs, T) bool, the mask's keep decision (``policy_loss_mask``).
+        config: actor config (``policy_loss``: ``tau_p``, ``loss_mode``, ``token_mask``, ``stats_source``,
+            ``dump_dir``). step, minibatch, dp_rank: where the rows come from. tokenizer: HF tokenizer.
+        budget: rows still allowed this step on this rank. tau_h: τ_h of the mini-batch, or None.
+
+    Raises:
+        StapoConfigError: the dump directory cannot be created or written.
+    """
+    rows = minibatch_token_rows(data, batch, keep, config=config, step=step, minibatch=minibatch, dp_rank=dp_rank,
+                                tokenizer=tokenizer, budget=budget, tau_h=tau_h)
+    if rows:
+        append_jsonl(dump_path(config.policy_loss.dump_dir, dp_rank), rows)
     return len(rows)

@@ -1,6 +1,6 @@
 """No mutable module-level state in the plugin core: what a function needs comes in through its arguments or the
-batch. Checked on the AST of every module of ``stapo_verl.core``, ``stapo_verl.algo``, ``stapo_verl.minibatch`` and
-``stapo_verl.integration``: a module-level assignment may bind only constants (numbers, strings, tuples/frozensets of
+batch. Checked on the AST of every module of ``stapo_verl.core``, ``stapo_verl.algo``, ``stapo_verl.minibatch``,
+``stapo_verl.diagnostics`` and ``stapo_verl.integration``: a module-level assignment may bind only constants (numbers, strings, tuples/frozensets of
 them), a call that builds an immutable object, a type alias, or a function/class. ``global`` statements are refused.
 The one exception is the policy-token-mask registry, which is the extension point itself (it mirrors verl's
 ``POLICY_LOSS_REGISTRY``) and is filled at import by ``@register_policy_token_mask``."""
@@ -13,7 +13,7 @@ import pytest
 import stapo_verl
 
 PACKAGE = Path(stapo_verl.__file__).parent
-CORE = ("core", "algo", "minibatch", "integration")
+CORE = ("core", "algo", "minibatch", "diagnostics", "integration")
 ALLOWED_MUTABLE = {("core/registry.py", "POLICY_TOKEN_MASK_REGISTRY")}
 #: calls whose result is immutable (or a logger / type alias / lock-free helper)
 IMMUTABLE_CALLS = {"frozenset", "tuple", "getLogger", "Callable", "MappingProxyType", "Patch", "TypeVar"}

@@ -5,7 +5,11 @@
 * ``TrainingWorker.train_batch`` (one optimizer mini-batch) is wrapped: when the actor's ``policy_loss.token_mask``
   is set, :func:`stapo_verl.core.losses.apply_policy_token_mask` runs on the mini-batch before verl's body (so
   before the engine counts tokens), with the current policy's statistics when ``stats_source=current_minibatch``;
-  the silenced tokens are dumped when ``dump_tokens`` is set; the mask's metrics join the output.
+  the silenced tokens are dumped when ``dump_tokens`` is set; the mask's metrics, the mask statistics
+  (:mod:`stapo_verl.diagnostics.stats`) and the LM-head gradient norm (:mod:`.engine_grads`) join the output. When
+  the driver asked for diagnostics (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the last mini-batch of
+  the update also carries the update's histograms and, when a table is due, the token rows of every DP rank
+  (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`).
 
 What verl would pass through ``train_mini_batch`` upstream (the mini-batch index within the step) is kept on the
 worker instance in a :class:`MiniBatchCursor`: the index counts ``train_batch`` calls since the last mini-batch that
@@ -16,13 +20,19 @@ verl flagged ``update_lr_scheduler`` (the last of each ``train_mini_batch`` call
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
-from stapo_verl.core.masks import S2T_FIELDS, global_step_of
+from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
+from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows
+from stapo_verl.diagnostics.stats import MaskStatistics, mask_statistics
+from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
+
+#: worker output metric of the LM-head gradient norm (verl's driver keeps keys that already start with "actor/")
+LM_HEAD_GRAD_NORM_KEY = "actor/stapo/lm_head_grad_norm"
 
 _MARK = "__stapo_integration__"
 
@@ -33,22 +43,39 @@ class TokenMaskIntegrationError(RuntimeError):
 
 @dataclass
 class MiniBatchCursor:
-    """Where a worker is within verl's update: the mini-batch index in the step and the dump rows of the step.
+    """Where a worker is within verl's update: the mini-batch index in the step, the dump rows of the step, and the
+    diagnostics the update has collected so far.
 
     Attributes:
         index: the index the next ``train_batch`` call gets (0-based; counts over ``ppo_epochs``).
         step: the global step of the last mini-batch (None before the first).
         rows_dumped: token-dump rows written for ``step`` on this rank.
+        histograms: the update's mask histograms so far (global over DP), summed over its mini-batches.
+        rows: this rank's token rows of the update, kept when the driver asked for a table.
     """
 
     index: int = 0
     step: int | None = None
     rows_dumped: int = 0
+    histograms: dict = field(default_factory=dict)
+    rows: list = field(default_factory=list)
+
+    def add_histograms(self, histograms: dict) -> None:
+        """Sum one mini-batch's histograms into the update's."""
+        for name, h in histograms.items():
+            self.histograms[name] = self.histograms[name].merge(h) if name in self.histograms else h
+
+    def take_update(self) -> tuple[dict, list]:
+        """The update's histograms and rows; clears both for the next update."""
+        out = (self.histograms, self.rows)
+        self.histograms, self.rows = {}, []
+        return out
 
     def enter(self, step: int) -> int:
         """Start a mini-batch of ``step``; returns its index."""
         if step != self.step:
             self.step, self.rows_dumped = step, 0
+            self.take_update()  # a new step starts a new update (drops what an interrupted one left)
         return self.index
 
     def leave(self, last_of_update: bool) -> None:
@@ -134,18 +161,41 @@ def _tokenizer(worker):
     return tok
 
 
-def _dump(worker, config, data, masked, metrics, step, index, cursor) -> None:
-    from stapo_verl.minibatch.token_dump import dump_minibatch_tokens
+def _dump(worker, config, data, masked, metrics, step, index, cursor) -> list[dict]:
+    """Select, and append to this rank's JSONL, the mini-batch's token rows (``dump_tokens``); returns the rows."""
+    from stapo_verl.minibatch.token_dump import append_jsonl, dump_path, minibatch_token_rows
 
     pl = config.policy_loss
     if not (pl.dump_tokens and _is_dump_writer(worker.engine)):
-        return
+        return []
     batch = {key: _padded(masked[key]) for key in S2T_FIELDS}
-    cursor.rows_dumped += dump_minibatch_tokens(
+    dp_rank = worker.engine.get_data_parallel_rank()
+    rows = minibatch_token_rows(
         data, batch, _padded(masked[POLICY_LOSS_MASK_KEY]), config=config, step=step, minibatch=index,
-        dp_rank=worker.engine.get_data_parallel_rank(), tokenizer=_tokenizer(worker),
-        budget=pl.dump_max_rows_per_step - cursor.rows_dumped, tau_h=metrics.get("actor/stapo/tau_h"),
+        dp_rank=dp_rank, tokenizer=_tokenizer(worker), budget=pl.dump_max_rows_per_step - cursor.rows_dumped,
+        tau_h=metrics.get("actor/stapo/tau_h"),
     )
+    if rows:
+        append_jsonl(dump_path(pl.dump_dir, dp_rank), rows)
+    cursor.rows_dumped += len(rows)
+    return rows
+
+
+def _statistics(config, masked, dp_group) -> MaskStatistics:
+    """The mask statistics of the mini-batch (``masked``: the fields and keep mask the mask used), global over DP."""
+    b = {key: _padded(masked[key]) for key in S2T_FIELDS}
+    return mask_statistics(b["old_log_probs"], b["entropy"], b["advantages"], b["response_mask"],
+                           _padded(masked[POLICY_LOSS_MASK_KEY]), tau_p=config.policy_loss.tau_p, group=dp_group)
+
+
+def _payload(config, cursor, step, table_due, dp_group) -> DiagnosticsPayload:
+    """The update's payload (see :mod:`stapo_verl.diagnostics.shipping`); gathers the rows over DP when a table is
+    due (every output rank of the DP group calls this with the same ``table_due``)."""
+    histograms, rows = cursor.take_update()
+    if not table_due:
+        return DiagnosticsPayload(step=step, histograms=histograms)
+    table, selected = gather_rows(rows, dp_group, max_rows=config.policy_loss.table_max_rows, seed=step)
+    return DiagnosticsPayload(step=step, histograms=histograms, rows=table, rows_selected=selected)
 
 
 def wrap_train_batch(orig):
@@ -176,14 +226,35 @@ def wrap_train_batch(orig):
             metrics, masked = _current_minibatch_mask(self, config, data, dp_group)
         else:
             metrics, masked = apply_policy_token_mask(config, data, dp_group), data
-        _dump(self, config, data, masked, metrics, step, index, cursor)
+        # the driver's request (None: no diagnostics asked for, e.g. a trainer without the plugin's driver patch)
+        request = tu.get(data, REQUEST_KEY, default=None)
+        is_output_rank = bool(self.engine.is_mp_src_rank_with_outputs())
+        if config.policy_loss.token_mask in S2T_TOKEN_MASKS and is_output_rank:
+            stats = _statistics(config, masked, dp_group)
+            metrics.update(stats.to_metrics())
+            cursor.add_histograms(stats.histograms)
+        rows = _dump(self, config, data, masked, metrics, step, index, cursor)
+        if request:
+            cursor.rows.extend(rows)
+        last = bool(tu.get(data, "update_lr_scheduler", default=False))
         try:
-            output = orig(self, data)
+            with reading_lm_head_grad_norm(self.engine, {}) as lm_head:
+                output = orig(self, data)
         finally:
-            cursor.leave(bool(tu.get(data, "update_lr_scheduler", default=False)))
-        if output is not None:
-            output_metrics = tu.get(output, "metrics")
+            cursor.leave(last)
+        output_metrics = tu.get(output, "metrics") if output is not None else None
+        lm_norm = lm_head.get("norm")
+        payload = None
+        if last and request is not None and is_output_rank:
+            payload = _payload(config, cursor, step, bool(request), dp_group)
+        elif last:
+            cursor.take_update()
+        if output_metrics is not None:
             output_metrics.update(metrics)
+            if lm_norm is not None:
+                output_metrics[LM_HEAD_GRAD_NORM_KEY] = lm_norm
+            if payload is not None:
+                output_metrics[PAYLOAD_KEY] = payload
             tu.assign_non_tensor(output, metrics=output_metrics)
         return output
 

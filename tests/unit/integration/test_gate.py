@@ -58,19 +58,32 @@ def test_fingerprints_of_missing_symbols_and_imports():
 
 def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
     import verl.trainer.main_ppo as main_ppo
+    import verl.trainer.ppo.v1.trainer_base as trainer_base
     import verl.utils.config as verl_config
     import verl.workers.engine_workers as engine_workers
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
 
     mark = "__stapo_integration__"
     assert getattr(engine_workers.TrainingWorker.train_batch, mark, False)
     assert engine_workers.ppo_loss is core_losses.ppo_loss
     assert getattr(verl_config.validate_config, mark, False)
     assert getattr(main_ppo.run_ppo, mark, False)
-    # the ledger lists exactly these symbols (plus the copied ppo_loss body the rebinding depends on)
+    assert getattr(trainer_base.PPOTrainer._update_actor, mark, False)
+    # the engines' optimizer_step is wrapped per instance during one train_batch call only: the classes are verl's
+    assert "optimizer_step" in vars(FSDPEngine) and "optimizer_step" in vars(MegatronEngine)
+    assert not getattr(FSDPEngine.optimizer_step, mark, False) and not getattr(MegatronEngine.optimizer_step, mark,
+                                                                                  False)
+    # the ledger lists exactly these symbols (plus the bodies the wrappers depend on: the copied ppo_loss, the
+    # engines' train_batch that calls optimizer_step)
     assert {p.symbol for p in integ.PATCHES} == {
         "verl.workers.engine_workers.TrainingWorker.train_batch",
         "verl.workers.engine_workers.ppo_loss",
         "verl.workers.utils.losses.ppo_loss",
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor",
+        "verl.workers.engine.fsdp.transformer_impl.FSDPEngine.optimizer_step",
+        "verl.workers.engine.megatron.transformer_impl.MegatronEngine.optimizer_step",
+        "verl.workers.engine.base.BaseEngine.train_batch",
         "verl.utils.config.validate_config",
         "verl.trainer.main_ppo.run_ppo",
     }

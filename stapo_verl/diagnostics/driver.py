@@ -1,0 +1,82 @@
+"""The driver's side of the diagnostics: when to ask for a table, what to do with what comes back.
+
+One :class:`DriverDiagnostics` lives on the trainer instance (built from the actor's policy-loss config). Per
+update it says whether a token table is due (:meth:`DriverDiagnostics.table_due`); after the update it writes the
+payloads' histograms and tables through verl's ``Tracking`` (:mod:`.trackers`), adds the collapse z-scores to the
+step's metrics and prints the warnings (:mod:`.collapse`). verl-specific glue (where the payload is taken out of
+the worker output) is in ``stapo_verl.integration``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stapo_verl.diagnostics.collapse import CollapseMonitor
+from stapo_verl.diagnostics.shipping import DiagnosticsPayload, table_due
+from stapo_verl.diagnostics.trackers import TABLE_KEY, log_histograms, log_token_table
+
+
+@dataclass
+class DriverDiagnostics:
+    """Per-run driver state of the diagnostics.
+
+    Attributes:
+        dump_tokens: ``policy_loss.dump_tokens`` (the rows of a table are the dump's selection).
+        dump_every: ``policy_loss.dump_every`` (see :func:`stapo_verl.diagnostics.shipping.table_due`).
+        dump_glob: where the JSONL dump lies on the actor workers' nodes (for the warning line).
+        monitor: the collapse z-scores.
+        last_table_step: the last step a token table was logged at (None before the first).
+    """
+
+    dump_tokens: bool
+    dump_every: int | None
+    dump_glob: str
+    monitor: CollapseMonitor
+    last_table_step: int | None = None
+
+    @classmethod
+    def from_policy_loss(cls, pl) -> DriverDiagnostics:
+        """From a built policy-loss config (:class:`stapo_verl.core.config.StapoPolicyLossConfig`)."""
+        from stapo_verl.minibatch.token_dump import resolve_dump_dir
+
+        return cls(dump_tokens=bool(pl.dump_tokens), dump_every=pl.dump_every,
+                   dump_glob=f"{resolve_dump_dir(pl.dump_dir)}/stapo_tokens.dp*.jsonl",
+                   monitor=CollapseMonitor(window=pl.collapse_window, warmup=pl.collapse_warmup_steps,
+                                           threshold=pl.collapse_z_threshold))
+
+    def table_due(self, step: int, *, test_freq: int, total_steps: int) -> bool:
+        """Whether to ask the workers for the token rows at ``step`` (never without ``dump_tokens``)."""
+        return self.dump_tokens and table_due(step, dump_every=self.dump_every, test_freq=test_freq,
+                                              total_steps=total_steps)
+
+    def where(self) -> str:
+        """Where the silenced tokens of this run can be read (the end of a warning line)."""
+        if not self.dump_tokens:
+            return ("Silenced tokens: not recorded (set actor_rollout_ref.actor.policy_loss.dump_tokens=True for "
+                    "the JSONL dump and the tracker table).")
+        table = (f"tracker table {TABLE_KEY} (last at step {self.last_table_step})" if self.last_table_step is not None
+                 else f"tracker table {TABLE_KEY} (none logged yet)")
+        return f"Silenced tokens: {table}; JSONL dump {self.dump_glob} on the actor workers' nodes."
+
+    def after_update(self, tracking, step: int, metrics: dict, payloads: list[DiagnosticsPayload]) -> list[str]:
+        """Log the payloads through ``tracking``, add the z-scores to ``metrics`` (in place), print the warnings.
+
+        Args:
+            tracking: verl's ``Tracking`` (``PPOTrainer.logger``), or None (then nothing is written to trackers).
+            step: verl's global step. metrics: the step's metrics so far (``actor/entropy`` comes from the
+                old-log-prob pass, the gradient norms from this update). payloads: what the update sent back.
+
+        Returns:
+            The warning lines printed.
+        """
+        for payload in payloads:
+            if tracking is None:
+                break
+            log_histograms(tracking, payload.histograms, step)
+            if payload.rows and log_token_table(tracking, payload.rows, step, rows_selected=payload.rows_selected):
+                self.last_table_step = step
+        z, lines = self.monitor.observe(step, metrics, where=self.where())
+        metrics.update(z)
+        for line in lines:
+            print(line, flush=True)
+        return lines

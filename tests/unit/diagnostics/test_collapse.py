@@ -1,0 +1,58 @@
+"""Collapse early-warning (``stapo_verl.diagnostics.collapse``): the running z-score's numbers and the warning rule."""
+
+import math
+import statistics
+
+import pytest
+
+from stapo_verl.diagnostics.collapse import CollapseMonitor, RunningZScore
+
+
+def test_z_uses_the_previous_window_only_after_the_warmup():
+    z = RunningZScore(window=3, warmup=2)
+    assert z.update(1.0)[0] is None and z.update(2.0)[0] is None  # warm-up: 0 then 1 previous value
+    score, mean, sd, n = z.update(4.0)  # previous: 1, 2
+    assert (mean, n) == (1.5, 2) and sd == pytest.approx(statistics.stdev([1.0, 2.0]))
+    assert score == pytest.approx((4.0 - 1.5) / sd)
+    score, mean, _, n = z.update(0.0)  # previous: 1, 2, 4 (window 3)
+    assert (mean, n) == (pytest.approx(7 / 3), 3)
+    score, mean, _, n = z.update(5.0)  # previous: 2, 4, 0 — the first value left the window
+    assert mean == pytest.approx(2.0) and n == 3
+    assert score == pytest.approx((5.0 - 2.0) / statistics.stdev([2.0, 4.0, 0.0]))
+
+
+def test_flat_history_and_non_finite_values():
+    z = RunningZScore(window=5, warmup=2)
+    z.update(1.0), z.update(1.0)
+    assert z.update(1.0)[0] == 0.0
+    assert z.update(2.0)[0] == math.inf
+    assert z.update(float("nan"))[0] is None and len(z.history) == 4  # not kept
+    with pytest.raises(ValueError, match="warmup"):
+        RunningZScore(window=3, warmup=4)
+
+
+def test_monitor_warns_on_entropy_and_lm_head_and_on_grad_norm_only_without_lm_head():
+    mon = CollapseMonitor(window=10, warmup=3, threshold=3.0)
+    for step, h in enumerate([1.00, 1.02, 0.98, 1.01], 1):
+        z, lines = mon.observe(step, {"actor/entropy": h, "actor/grad_norm": 1.0 + 0.01 * step}, where="W.")
+        assert not lines
+    assert set(z) == {"actor/stapo/collapse/entropy_z", "actor/stapo/collapse/grad_norm_z"}
+    z, lines = mon.observe(5, {"actor/entropy": 0.5, "actor/grad_norm": 9.0}, where="Dump: /x.")
+    assert z["actor/stapo/collapse/entropy_z"] < -3 and z["actor/stapo/collapse/grad_norm_z"] > 3
+    assert len(lines) == 2
+    assert lines[0].startswith("[stapo] collapse warning at step 5: actor/entropy = 0.5 is ")
+    assert "sd below its running mean 1.002 (sd 0.0171, previous 4 steps; threshold 3)" in lines[0]
+    assert lines[0].endswith("Dump: /x. No action taken.")
+    assert "actor/grad_norm = 9 is" in lines[1] and "above" in lines[1]
+    # with the LM-head norm present, the total grad norm is scored but does not warn
+    mon = CollapseMonitor(window=10, warmup=2, threshold=3.0)
+    for step, g in enumerate([1.0, 1.1, 0.9], 1):
+        mon.observe(step, {"actor/grad_norm": g, "actor/stapo/lm_head_grad_norm": g / 2}, where="")
+    z, lines = mon.observe(4, {"actor/grad_norm": 50.0, "actor/stapo/lm_head_grad_norm": 0.5}, where="")
+    assert z["actor/stapo/collapse/grad_norm_z"] > 3 and abs(z["actor/stapo/collapse/lm_head_grad_norm_z"]) < 3
+    assert lines == []
+    # threshold None: z-scores only
+    mon = CollapseMonitor(window=10, warmup=2, threshold=None)
+    for step, h in enumerate([1.0, 1.1, 0.0], 1):
+        z, lines = mon.observe(step, {"actor/entropy": h}, where="")
+    assert z["actor/stapo/collapse/entropy_z"] < -5 and lines == []
