@@ -384,7 +384,7 @@ def patch_a(tree: Path) -> None:
     _insert(
         losses,
         "\nimport torch\nfrom tensordict",
-        "\nimport torch\nimport torch.distributed as dist\nfrom tensordict",
+        "\nfrom functools import partial\n\nimport torch\nimport torch.distributed as dist\nfrom tensordict",
         "replace",
     )
     _insert(

@@ -32,7 +32,9 @@
 #   torch.compile                            -> off
 #   gradient checkpointing (FSDP)            -> off (the model is 0.8 M parameters)
 #   multi-node Ray, Slurm                    -> one local ray.init (no dashboard)
-#   wandb                                    -> console + verl's `file` logger (metrics.jsonl)
+#   wandb                                    -> console + verl's `file` logger (metrics.jsonl) + TensorBoard
+#                                               (RUN_DIR/tensorboard); LOGGER=[console,file,wandb] logs to wandb
+#                                               in offline mode (RUN_DIR/wandb) unless WANDB_MODE is set
 #   Qwen3-{1.7,8,14}B-Base, DAPO-Math-17k
 #     and the six benchmarks                 -> tiny Qwen3 + synthetic arithmetic from
 #                                               python -m stapo_verl.cpu.make_assets (no download)
@@ -54,7 +56,7 @@ stapo_cpu_setup() {
     fi
     stapo_python
 
-    export VERL_PLATFORM=cpu RAY_AUTH_MODE=disabled WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+    export VERL_PLATFORM=cpu RAY_AUTH_MODE=disabled TOKENIZERS_PARALLELISM=false
     export RAY_DISABLE_USAGE_STATS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
     export PYTHONHASHSEED=0
     # TransferQueue's thread pool in this (driver) process; the workers get it through ray_init.runtime_env.
@@ -67,7 +69,7 @@ stapo_cpu_setup() {
     : "${RUN_NAME:=tiny_cpu_${method}}"
     : "${PROJECT_NAME:=stapo_tiny_cpu}"
     : "${EXP_NAME:=$RUN_NAME}"
-    : "${LOGGER:=[console,file]}"
+    : "${LOGGER:=[console,file,tensorboard]}"
     : "${NNODES:=1}"
     : "${DATALOADER_WORKERS:=0}"
     RUN_DIR="${STAPO_RUN_DIR:-$root/outputs/$RUN_NAME}"
@@ -75,6 +77,13 @@ stapo_cpu_setup() {
     [[ $RUN_DIR == /* ]] || RUN_DIR="$PWD/$RUN_DIR"
     : "${CKPT_PATH:=$RUN_DIR/ckpt}"
     export VERL_FILE_LOGGER_PATH="$RUN_DIR/metrics.jsonl"
+    # verl's TensorBoard and wandb trackers write where these say (read in the TaskRunner, hence the runtime env)
+    export TENSORBOARD_DIR="${TENSORBOARD_DIR:-$RUN_DIR/tensorboard}" WANDB_DIR="${WANDB_DIR:-$RUN_DIR}"
+    if [[ $LOGGER == *wandb* ]]; then
+        export WANDB_MODE="${WANDB_MODE:-offline}"
+    else
+        export WANDB_MODE=disabled
+    fi
     case $ENGINE in
     fsdp) stapo_cpu_fsdp defaults ;;
     megatron) stapo_cpu_megatron defaults ;;
@@ -104,7 +113,9 @@ stapo_cpu_overrides() {
         +ray_kwargs.ray_init.include_dashboard=False
         +ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu
         +ray_kwargs.ray_init.runtime_env.env_vars.RAY_AUTH_MODE=disabled
-        +ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE=disabled
+        "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE='$WANDB_MODE'"
+        "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_DIR='$WANDB_DIR'"
+        "+ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR='$TENSORBOARD_DIR'"
         "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH='$VERL_FILE_LOGGER_PATH'"
         # On 2 shared cores intra-op thread spinning made torch an order of magnitude slower.
         "+ray_kwargs.ray_init.runtime_env.env_vars.OMP_NUM_THREADS='1'"

@@ -23,6 +23,8 @@ with every registered policy loss and every ``loss_agg_mode``. The KL and entrop
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
@@ -215,29 +217,22 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     loss_mode = config.policy_loss.get("loss_mode", "vanilla")
 
     policy_loss_fn = get_policy_loss_fn(loss_mode)
-    if policy_batch_num_tokens is None:
-        pg_loss, pg_metrics = policy_loss_fn(
-            old_log_prob=old_log_prob,
-            log_prob=log_prob,
-            advantages=advantages,
-            response_mask=response_mask,
-            loss_agg_mode=loss_agg_mode,
-            config=config,
-            rollout_is_weights=rollout_is_weights,
-        )
-    else:
-        pg_loss, pg_metrics = compute_masked_policy_loss(
+    if policy_batch_num_tokens is not None:
+        policy_loss_fn = partial(
+            compute_masked_policy_loss,
             policy_loss_fn,
             policy_loss_mask=data[POLICY_LOSS_MASK_KEY],
             policy_batch_num_tokens=policy_batch_num_tokens,
-            old_log_prob=old_log_prob,
-            log_prob=log_prob,
-            advantages=advantages,
-            response_mask=response_mask,
-            loss_agg_mode=loss_agg_mode,
-            config=config,
-            rollout_is_weights=rollout_is_weights,
         )
+    pg_loss, pg_metrics = policy_loss_fn(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        loss_agg_mode=loss_agg_mode,
+        config=config,
+        rollout_is_weights=rollout_is_weights,
+    )
 
     # AggregationType.MEAN for pg metrics: assumes policy_loss_fn normalizes by local_bsz/local_tokens
     # Ex: in compute_policy_loss_vanilla, pg_metrics are pg_clipfrac, ppo_kl, pg_clipfrac_lower

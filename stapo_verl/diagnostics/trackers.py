@@ -89,6 +89,15 @@ def log_histograms(tracking, histograms: dict, step: int) -> list[str]:
     return done
 
 
+#: every character ``str.splitlines`` breaks at (decoded tokens of a small model contain them) → "⏎"
+_LINE_BREAKS = str.maketrans({c: "⏎" for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+
+
+def one_line(text: str) -> str:
+    """``text`` with every line-break character (those ``str.splitlines`` splits at) replaced by ``⏎``."""
+    return text.translate(_LINE_BREAKS)
+
+
 def _fmt(value, column: str) -> str:
     if value is None:
         return ""
@@ -98,9 +107,9 @@ def _fmt(value, column: str) -> str:
 
 
 def markdown_table(rows: list[dict], *, title: str, columns: tuple[str, ...] = TEXT_COLUMNS) -> str:
-    """``title`` then a markdown table of ``rows`` (``columns``; backslash, ``|`` and newlines escaped)."""
+    """``title`` then a markdown table of ``rows`` (``columns``; backslash and ``|`` escaped, line breaks → ⏎)."""
     def cells(r):
-        return [_fmt(r[c], c).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "⏎") for c in columns]
+        return [one_line(_fmt(r[c], c).replace("\\", "\\\\").replace("|", "\\|")) for c in columns]
 
     lines = [title, "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cells(r)) + " |" for r in rows]
@@ -136,7 +145,7 @@ def summary_lines(rows: list[dict], step: int, rows_selected: int, k: int = TOP_
     """The console / file lines of one table: the title, then one line per top silenced token."""
     lines = [f"[stapo] {table_title(rows, step, rows_selected)}; top {k} silenced tokens:"]
     for i, t in enumerate(top_silenced(rows, k), 1):
-        ctx = t["context"].replace("\n", "⏎")
+        ctx = one_line(t["context"])
         lines.append(f"[stapo]   {i:2d}. {t['token']!r} (id {t['token_id']}) x{t['count']}  p={t['p_mean']:.3g}  "
                      f"H={t['entropy_mean']:.3f}  {ctx}")
     return lines

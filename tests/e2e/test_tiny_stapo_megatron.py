@@ -10,14 +10,17 @@ the Megatron engine is checked layout by layout in ``tests/integration/core/test
 from __future__ import annotations
 
 from support.runs import SMALL, check_mask_and_denominator, failure_text, metrics_by_step, run_config, run_recipe
+from support.trackers import check_tensorboard, event_accumulator
 
-#: S2T in front of GSPO; a τ_p this high gives every step candidates at this scale
-GSPO = ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.policy_loss.tau_p=0.5"]
+#: S2T in front of GSPO; τ_p this high gives every step many candidates at this scale
+GSPO = ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.policy_loss.tau_p=0.9"]
+#: a token table every step (the default is one at each validation)
+TABLES = ["actor_rollout_ref.actor.policy_loss.dump_every=1"]
 
 
 def test_tiny_stapo_on_megatron_tp2_two_steps_then_resume(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, *GSPO, "trainer.total_training_steps=2",
+    r = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, *GSPO, *TABLES, "trainer.total_training_steps=2",
                    "trainer.test_freq=2", "trainer.save_freq=2", timeout=720, ENGINE="megatron")
     assert r.returncode == 0, failure_text(run_dir, r)
     cfg = run_config(run_dir)
@@ -37,6 +40,9 @@ def test_tiny_stapo_on_megatron_tp2_two_steps_then_resume(tmp_path):
         assert m[step]["actor/grad_norm"] > 0
         check_mask_and_denominator(m[step])
     assert "val-core/math_dapo/acc/mean@1" in m[2]  # the one validation ran
+    # the recipe's default trackers include TensorBoard: the token tables, histograms and charts are there
+    check_tensorboard({"dir": run_dir, "tb": event_accumulator(run_dir), "metrics": m}, 2, tau_p=0.9)
+    assert m[1]["actor/stapo/lm_head_grad_norm"] > 0  # distributed optimizer at DP=1: readable
 
     ckpt = run_dir / "ckpt"
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"

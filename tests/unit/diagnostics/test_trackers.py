@@ -136,3 +136,15 @@ def test_empty_tables_and_failing_backends(tracking, capsys):
     tracking.logger = {"wandb": Broken(), "console": object()}
     assert trackers.log_token_table(tracking, ROWS, 2) == ["console"]  # training goes on
     assert "[stapo] could not log the token table to wandb: RuntimeError: backend down" in capsys.readouterr().out
+
+
+def test_every_line_break_in_a_context_stays_inside_its_table_row():
+    # decoded tokens of a small model include \r, \x1c, \u2028 ...: str.splitlines (and TensorBoard's markdown) break
+    # there, which once split one table row into three
+    odd = _row("silenced", 7, 1e-4, 0.2)
+    odd["context"] = "x\ry\x1cz\u2028w\nv|u"
+    text = trackers.markdown_table([odd, *ROWS], title="t")
+    lines = text.splitlines()
+    assert len(lines) == 4 + 1 + len(ROWS)
+    assert "x⏎y⏎z⏎w⏎v\\|u" in lines[4]
+    assert trackers.one_line("a\r\nb\x85c") == "a⏎⏎b⏎c"
