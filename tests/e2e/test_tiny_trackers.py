@@ -2,8 +2,8 @@
 directory — read back with TensorBoard's reader and as wandb's table JSON (FSDP; the Megatron TP=2 run's TensorBoard
 files are checked in ``test_tiny_stapo_megatron.py``).
 
-One short run, several assertions. ``LOGGER=[console,file,tensorboard,wandb]`` makes the tiny recipe log to
-TensorBoard in ``<run dir>/tensorboard`` and to wandb in offline mode in ``<run dir>/wandb`` (it sets
+One short run, several assertions. ``LOGGER=[console,file,tensorboard,wandb]`` with ``WANDB_MODE=offline`` makes the
+tiny recipe log to TensorBoard in ``<run dir>/tensorboard`` and to wandb in ``<run dir>/wandb`` (it sets
 ``TENSORBOARD_DIR`` / ``WANDB_MODE`` / ``WANDB_DIR`` in the Ray runtime env, read by the TaskRunner that owns verl's
 ``Tracking``); ``policy_loss.dump_every=1`` logs a table every step, and a collapse threshold this low makes the
 early-warning fire once its 2-step warm-up is over.
@@ -27,7 +27,9 @@ def fsdp(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fsdp") / "run"
     overrides = [*SMALL, "trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.save_freq=-1",
                  f"{PL}.dump_every=1", f"{PL}.collapse_warmup_steps=2", f"{PL}.collapse_z_threshold=0.001"]
-    r = run_recipe("tiny_cpu_stapo.sh", run_dir, *overrides, timeout=720, LOGGER="[console,file,tensorboard,wandb]")
+    # the test session sets WANDB_MODE=disabled (tests/conftest.py); the recipe keeps a WANDB_MODE it is given
+    r = run_recipe("tiny_cpu_stapo.sh", run_dir, *overrides, timeout=720, LOGGER="[console,file,tensorboard,wandb]",
+                   WANDB_MODE="offline")
     assert r.returncode == 0, failure_text(run_dir, r)
     return {"dir": run_dir, "proc": r, "tb": event_accumulator(run_dir),
             "metrics": metrics_by_step(run_dir / "metrics.jsonl")}
