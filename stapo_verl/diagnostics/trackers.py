@@ -89,13 +89,13 @@ def log_histograms(tracking, histograms: dict, step: int) -> list[str]:
     return done
 
 
-#: every character ``str.splitlines`` breaks at (decoded tokens of a small model contain them) → "⏎"
-_LINE_BREAKS = str.maketrans({c: "⏎" for c in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"})
+#: every character ``str.splitlines`` breaks at (decoded tokens of a small model contain them)
+_LINE_BREAK_CHARS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 
 
 def one_line(text: str) -> str:
     """``text`` with every line-break character (those ``str.splitlines`` splits at) replaced by ``⏎``."""
-    return text.translate(_LINE_BREAKS)
+    return text.translate(str.maketrans(dict.fromkeys(_LINE_BREAK_CHARS, "⏎")))
 
 
 def _fmt(value, column: str) -> str:

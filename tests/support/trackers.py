@@ -57,7 +57,7 @@ def check_tensorboard(run: dict, steps: int, tau_p: float) -> dict:
     with_candidates = {s for s in m if m[s]["actor/stapo/num_candidates"] > 0}
     assert with_candidates, "no step had candidates: nothing to check"
     found = tables(ea, tau_p)
-    assert set(found) == with_candidates  # dump_every=1: a table at every step that had rows
+    assert set(found) == with_candidates, (sorted(found), sorted(with_candidates))  # dump_every=1: a table per step with rows
     dump = dump_rows(run["dir"])
     key = lambda step, r: (step, *(int(r[c]) for c in ("minibatch", "dp_rank", "sample_index", "position")))  # noqa: E731
     dumped = {key(r["step"], r): r for r in dump}

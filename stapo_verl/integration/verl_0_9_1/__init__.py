@@ -79,7 +79,7 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.workers.engine_workers.ppo_loss",
-        action="rebound to stapo_verl.core.losses.ppo_loss (training_worker.bind_ppo_loss)",
+        action="rebound to stapo_verl.core.losses.ppo_loss (training_worker.patch_engine_workers)",
         why="ActorRolloutRefWorker.init_model builds the actor's loss as partial(ppo_loss, config=...) from this "
         "module-level name; the plugin's ppo_loss is verl 0.9.1's plus the mask on the policy-gradient term",
         upstream="PR A: verl.workers.utils.losses.ppo_loss applies policy_loss_mask itself",
