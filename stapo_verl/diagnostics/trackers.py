@@ -160,7 +160,7 @@ def log_token_table(tracking, rows: list[dict], step: int, *, rows_selected: int
         rows_selected: rows selected over the DP group before the cap (default ``len(rows)``). k: top-k lines.
 
     Returns:
-        The backends written (none for an empty ``rows``: a step without candidates has no table).
+        The backends written (none for an empty ``rows``: a step that silenced no token has no table).
     """
     rows_selected = len(rows) if rows_selected is None else rows_selected
     done = []

@@ -56,8 +56,12 @@ def check_tensorboard(run: dict, steps: int, tau_p: float) -> dict:
     assert sorted(m) == list(range(1, steps + 1))
     with_candidates = {s for s in m if m[s]["actor/stapo/num_candidates"] > 0}
     assert with_candidates, "no step had candidates: nothing to check"
+    # rows are the silenced tokens plus as many kept candidates (select_rows), so with dump_every=1 a step has a
+    # table exactly when it silenced a token; a step whose candidates all stayed above tau_h has none
+    with_silenced = {s for s in m if m[s]["actor/stapo/num_masked"] > 0}
+    assert with_silenced, "no step silenced a token: no table to check"
     found = tables(ea, tau_p)
-    assert set(found) == with_candidates, (sorted(found), sorted(with_candidates))  # dump_every=1: a table per step with rows
+    assert set(found) == with_silenced, (sorted(found), sorted(with_silenced), sorted(with_candidates))
     dump = dump_rows(run["dir"])
     key = lambda step, r: (step, *(int(r[c]) for c in ("minibatch", "dp_rank", "sample_index", "position")))  # noqa: E731
     dumped = {key(r["step"], r): r for r in dump}
