@@ -37,20 +37,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' support code
 from bench_loss import RANK_SEQ_LEN, RANK_SEQS, _actor_config, _batch, _sync  # noqa: E402
+from support.tokenizers import CountingTokenizer  # noqa: E402
 
 VOCAB_SHARD = (151_936 * 4_096) // 16
-
-
-class CountingTokenizer:
-    """``decode`` of token ids as short strings (what the dump's context windows cost, minus a real vocabulary)."""
-
-    def __init__(self):
-        self.decoded = 0
-
-    def decode(self, ids):
-        self.decoded += len(ids)
-        return " ".join(f"t{i}" for i in ids)
 
 
 def _inputs(device):

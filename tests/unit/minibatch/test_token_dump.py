@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from support.tokenizers import CountingTokenizer
 from support.verl_batches import actor_config
 from tensordict import TensorDict
 
@@ -14,17 +15,6 @@ from stapo_verl.core.config import StapoConfigError
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.core.masks import S2T_FIELDS, global_step_of
 from stapo_verl.minibatch import token_dump
-
-
-class CountingTokenizer:
-    """decode(ids) → 't<id>' joined by spaces; counts the ids it decodes (cost check)."""
-
-    def __init__(self):
-        self.decoded = 0
-
-    def decode(self, ids):
-        self.decoded += len(ids)
-        return " ".join(f"t{i}" for i in ids)
 
 
 def test_dump_dir_resolution_and_unusable_dir(tmp_path, monkeypatch):
