@@ -16,6 +16,8 @@ import sys
 
 ROLLOUT_NAME = "cpu"
 ADAPTER_PATH = "stapo_verl.cpu.rollout_adapter.CPUServerAdapter"
+#: seconds between the v1 replay buffer's checks for finished rollouts on this platform (verl's default: 2.0)
+REPLAY_POLL_INTERVAL_S = 0.1
 
 _REGISTERED = False
 
@@ -104,6 +106,42 @@ def _patch_fsdp2_offload_pin_memory() -> None:
     ti.CPUOffloadPolicy = cpu_offload_policy
 
 
+def _patch_replay_buffer_poll_interval(module) -> None:
+    """Make verl's v1 ``ReplayBuffer`` check for finished rollouts every :data:`REPLAY_POLL_INTERVAL_S` seconds.
+
+    ``verl.trainer.ppo.v1.replay_buffer.ReplayBuffer.sample`` sleeps ``poll_interval`` (2.0 s, not exposed in the
+    trainer config; ``PPOTrainer._build_replay_buffer`` does not pass it) between checks, so every generation and
+    validation phase takes a multiple of 2 s: on a GPU cluster's minute-long rollouts that is noise, on the tiny CPU
+    run (a rollout of 128 short answers takes 2–3 s) it rounded ``timing_s/gen`` up to 4.0 s on every step. Only the
+    constructor's default changes; an explicit ``poll_interval`` still wins. Upstream replacement: a
+    ``trainer.v1.sampler.poll_interval`` key passed by ``_build_replay_buffer``. Idempotent.
+
+    Raises:
+        RuntimeError: ``ReplayBuffer.__init__`` has no ``poll_interval`` parameter with verl 0.9.1's default 2.0
+            (another verl: the patch would silently do nothing or the wrong thing).
+    """
+    import inspect
+
+    cls = module.ReplayBuffer
+    orig = cls.__init__
+    if getattr(orig, "_stapo_cpu_patched", False):
+        return
+    param = inspect.signature(orig).parameters.get("poll_interval")
+    if param is None or param.default != 2.0:
+        raise RuntimeError(
+            "stapo_verl.cpu: verl.trainer.ppo.v1.replay_buffer.ReplayBuffer.__init__ has "
+            f"{'no poll_interval parameter' if param is None else f'poll_interval={param.default!r}'}; the CPU "
+            "platform was written for verl 0.9.1's poll_interval: float = 2.0"
+        )
+
+    @functools.wraps(orig)
+    def __init__(self, *args, poll_interval: float = REPLAY_POLL_INTERVAL_S, **kwargs):
+        orig(self, *args, poll_interval=poll_interval, **kwargs)
+
+    __init__._stapo_cpu_patched = True
+    cls.__init__ = __init__
+
+
 def _install_megatron_hooks() -> None:
     """CPU shims for verl's Megatron engine (:mod:`stapo_verl.cpu.megatron_shims`), applied by a post-import hook when
     verl imports ``verl.workers.engine.megatron`` / ``mbridge``; megatron-core is never imported from here."""
@@ -118,6 +156,7 @@ _HOOKS = (
     ("verl.workers.engine.fsdp.transformer_impl", lambda _m: (_register_engines(), _patch_fsdp2_offload_pin_memory())),
     ("verl.workers.rollout.base", lambda _m: _register_rollout_adapter()),
     ("verl.workers.rollout.replica", lambda _m: _register_rollout_replica()),
+    ("verl.trainer.ppo.v1.replay_buffer", _patch_replay_buffer_poll_interval),
 )
 
 

@@ -22,7 +22,11 @@ import verl.workers.engine_workers as ew
 import stapo_verl.cpu as c
 c.register()  # idempotent
 import verl.workers.engine.fsdp.transformer_impl as ti
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+rb = ReplayBuffer(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None,
+                  max_off_policy_strategy="drop", sampler_kwargs={})
 print(json.dumps({
+  "replay_poll_interval": rb.poll_interval,
   "offload_pin_memory": ti.CPUOffloadPolicy().pin_memory,
   "device": get_device_name(), "device_id": get_device_id(), "module": get_torch_device().__name__,
   "engine": EngineRegistry.get_engine_cls("language_model", "fsdp2").__name__,
@@ -36,7 +40,8 @@ print(json.dumps({
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads(r.stdout.strip().splitlines()[-1])
     # the forward-only (ref) FSDP2 engine's CPUOffloadPolicy(pin_memory=True) cannot pin on CPU-only torch
-    assert info == {"offload_pin_memory": False, "device": "cpu", "device_id": "cpu", "module": "stapo_verl.cpu.device_module",
+    # the v1 replay buffer checks for finished rollouts every 0.1 s instead of verl's 2 s
+    assert info == {"replay_poll_interval": 0.1, "offload_pin_memory": False, "device": "cpu", "device_id": "cpu", "module": "stapo_verl.cpu.device_module",
                     "engine": "FSDPEngineWithLMHead", "adapter": "CPUServerAdapter", "replica": "CPUReplica",
                     "pg_patched": True}
 

@@ -36,3 +36,40 @@ def test_platform_members():
     assert p.get_device_capability() == (None, None) and p.is_ipc_supported() is False
     with p.nvtx_range("x"):
         pass
+
+
+def test_replay_buffer_poll_interval_default_and_gate():
+    """The CPU platform's replay-buffer patch: a new default, an explicit value still wins, and a constructor that is
+    not verl 0.9.1's (no ``poll_interval`` or another default) is refused by name. Patched on subclasses, so verl's
+    own class in this process is untouched."""
+    import types
+
+    import pytest
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from stapo_verl.cpu import REPLAY_POLL_INTERVAL_S, _patch_replay_buffer_poll_interval
+
+    class Patched(ReplayBuffer):
+        pass
+
+    _patch_replay_buffer_poll_interval(types.SimpleNamespace(ReplayBuffer=Patched))
+    _patch_replay_buffer_poll_interval(types.SimpleNamespace(ReplayBuffer=Patched))  # idempotent
+    args = dict(trainer_mode="sync", trainer_config={}, max_off_policy_threshold=None, max_off_policy_strategy="drop",
+                sampler_kwargs={})
+    assert REPLAY_POLL_INTERVAL_S == 0.1
+    assert Patched(**args).poll_interval == 0.1
+    assert Patched(**args, poll_interval=3.0).poll_interval == 3.0
+    assert Patched.__init__ is not ReplayBuffer.__init__  # the test leaves verl's own class alone
+
+    class OtherDefault:
+        def __init__(self, poll_interval: float = 1.0):
+            self.poll_interval = poll_interval
+
+    class NoParameter:
+        def __init__(self, trainer_mode):
+            pass
+
+    with pytest.raises(RuntimeError, match=r"poll_interval=1\.0"):
+        _patch_replay_buffer_poll_interval(types.SimpleNamespace(ReplayBuffer=OtherDefault))
+    with pytest.raises(RuntimeError, match="no poll_interval parameter"):
+        _patch_replay_buffer_poll_interval(types.SimpleNamespace(ReplayBuffer=NoParameter))
