@@ -73,8 +73,12 @@ stapo_size_defaults() {
         # 16 prompts x n = 8, one optimizer step per RL step, prompt <= 128 / response <= 40 tokens.
         : "${TRAIN_BATCH_SIZE:=16}" "${PPO_MINI_BATCH_SIZE:=16}" "${ROLLOUT_N:=8}"
         : "${MAX_PROMPT_LEN:=128}" "${MAX_RESPONSE_LEN:=40}"
-        # Dynamic-batch budgets: about 32 (train) / 64 (log-prob) full-length sequences a micro-batch.
-        : "${PPO_MAX_TOKEN_LEN:=5376}" "${LOGPROB_MAX_TOKEN_LEN:=10752}"
+        # Dynamic-batch budgets: 4 (train) / 8 (log-prob) full-length sequences a micro-batch (about 13 / 26 of the
+        # ~52-token sequences the run writes). Small on purpose: without flash-attention's varlen kernels verl's
+        # packed (remove-padding) micro-batch goes through SDPA with a dense block-diagonal mask, so attention costs
+        # the square of the micro-batch's tokens. At 5,376 / 10,752 a step's old_log_prob took 2.6 s and its update
+        # 3.8 s; at 672 / 1,344, 0.9 s and 1.6 s (docs/results.md). The loss does not depend on the split.
+        : "${PPO_MAX_TOKEN_LEN:=672}" "${LOGPROB_MAX_TOKEN_LEN:=1344}"
         # 20 steps, validation before, at 10 and at 20; one checkpoint, at the end.
         : "${TOTAL_STEPS:=20}" "${TEST_FREQ:=10}" "${SAVE_FREQ:=20}" "${VAL_BEFORE_TRAIN:=True}"
         # lr 2e-4: at 4e-4 the fast removal of stray tokens also broke arithmetic the warm start knew
