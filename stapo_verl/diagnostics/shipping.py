@@ -38,7 +38,7 @@ class DiagnosticsPayload:
         step: verl's global step.
         histograms: name → :class:`stapo_verl.diagnostics.stats.Histogram`, summed over the update's mini-batches
             (each already global over DP).
-        rows: the token rows (schema :data:`stapo_verl.minibatch.token_dump.SCHEMA`) of every DP rank, capped; None
+        rows: the token rows (schema :data:`stapo_verl.minibatch.dump_schema.SCHEMA`) of every DP rank, capped; None
             when no table was requested.
         rows_selected: rows the dump selected over the DP group before the caps (0 when no table was requested).
     """

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
-from stapo_verl.minibatch.token_dump import SCHEMA
+from stapo_verl.minibatch.dump_schema import SCHEMA
 
 #: tracker key of the token table
 TABLE_KEY = "actor/stapo/tokens"

@@ -41,13 +41,10 @@ import torch
 
 from stapo_verl.algo.s2t import candidate_mask
 from stapo_verl.core.config import StapoConfigError
+from stapo_verl.minibatch.dump_schema import SCHEMA
 
 CONTEXT_TOKENS = 8
 DEFAULT_SUBDIR = "stapo_tokens"
-SCHEMA = (
-    "step", "minibatch", "dp_rank", "sample_index", "position", "token_id", "token", "context", "p", "entropy",
-    "advantage", "tau_h", "tau_p", "kind", "loss_mode", "stats_source",
-)
 
 
 def resolve_dump_dir(dump_dir: str) -> str:

@@ -5,7 +5,7 @@
   so one file holds exactly one invocation (the tiny recipes point it at ``RUN_DIR/metrics.jsonl`` and rename
   an earlier file to ``metrics.<unix time>.jsonl`` first).
 * Token dump: ``stapo_tokens.dp<rank>.jsonl`` files anywhere under the run dir, one silenced or kept candidate
-  per line (schema :data:`TOKEN_KEYS`), written by the plugin's worker hook.
+  per line (schema :data:`ROW_TYPES`), written by the plugin's worker hook.
 * Validation generations: verl's ``trainer.validation_data_dir`` dump (``ray_trainer.py::_write_generations``),
   ``<global step>.jsonl`` with ``input``, ``output``, ``gts``, ``score``, ``step`` and the reward function's extra
   keys (``acc`` from :func:`stapo_verl.rewards.compute_score`).
@@ -19,19 +19,12 @@ import math
 from pathlib import Path
 
 from stapo_verl.data.readers import iter_jsonl
+from stapo_verl.minibatch.dump_schema import KINDS, ROW_TYPES
 
 METRICS_FILE = "metrics.jsonl"
 TOKEN_DUMP_PATTERN = "stapo_tokens.dp*.jsonl"
 VAL_GENERATIONS_DIR = "val_generations"
-KINDS = ("silenced", "kept")
-
-# key -> accepted JSON types (after json.loads); bool is rejected where a number is expected.
-_NUM = (int, float)
-TOKEN_KEYS: dict[str, tuple[type, ...]] = {
-    "step": (int,), "minibatch": (int,), "dp_rank": (int,), "sample_index": (int,), "position": (int,),
-    "token_id": (int,), "token": (str,), "context": (str,), "p": _NUM, "entropy": _NUM, "advantage": _NUM,
-    "tau_h": _NUM + (type(None),), "tau_p": _NUM, "kind": (str,), "loss_mode": (str,), "stats_source": (str,),
-}
+_NUM = (int, float)  # a metric value (bool is rejected where a number is expected)
 
 
 class RunFileError(ValueError):
@@ -87,10 +80,10 @@ def find_token_files(run_dir: str | Path | None = None, pattern: str | None = No
 def _check_row(rec, path: Path, n: int) -> dict:
     if not isinstance(rec, dict):
         raise RunFileError(f"{path}:{n}: expected a JSON object, got {type(rec).__name__}")
-    missing = [k for k in TOKEN_KEYS if k not in rec]
+    missing = [k for k in ROW_TYPES if k not in rec]
     if missing:
-        raise RunFileError(f"{path}:{n}: missing key(s) {missing}; a token-dump row has {list(TOKEN_KEYS)}")
-    for k, types in TOKEN_KEYS.items():
+        raise RunFileError(f"{path}:{n}: missing key(s) {missing}; a token-dump row has {list(ROW_TYPES)}")
+    for k, types in ROW_TYPES.items():
         v = rec[k]
         if isinstance(v, bool) or not isinstance(v, types):
             raise RunFileError(f"{path}:{n}: key {k!r} = {v!r} has type {type(v).__name__}; "
@@ -105,7 +98,7 @@ def _check_row(rec, path: Path, n: int) -> dict:
 
 
 def read_tokens(files: list[Path]) -> list[dict]:
-    """All rows of the given token-dump files, each checked against :data:`TOKEN_KEYS` and :data:`KINDS`.
+    """All rows of the given token-dump files, each checked against :data:`ROW_TYPES` and :data:`KINDS`.
 
     Each row gets ``"_file"`` (the path it came from) added.
 

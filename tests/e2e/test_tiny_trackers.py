@@ -17,7 +17,7 @@ import pytest
 from support.runs import SMALL, failure_text, metrics_by_step, run_recipe
 from support.trackers import check_tensorboard, event_accumulator, tables
 
-from stapo_verl.minibatch.token_dump import SCHEMA
+from stapo_verl.minibatch.dump_schema import SCHEMA
 
 PL = "actor_rollout_ref.actor.policy_loss"
 

@@ -16,7 +16,7 @@ from support.current_minibatch_checks import check_current_route, check_exact_re
 from support.procs import child_env, free_port
 
 from stapo_verl.core.config import StapoConfigError, validate_token_mask_config
-from stapo_verl.minibatch.token_dump import SCHEMA
+from stapo_verl.minibatch.dump_schema import SCHEMA
 
 CAP = 12
 

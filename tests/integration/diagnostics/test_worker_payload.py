@@ -14,7 +14,7 @@ from support.megatron_launch import make_model_dir, run_job
 from support.procs import TESTS
 
 from stapo_verl.diagnostics.stats import HISTOGRAMS
-from stapo_verl.minibatch.token_dump import SCHEMA
+from stapo_verl.minibatch.dump_schema import SCHEMA
 
 JOB = TESTS / "integration" / "diagnostics" / "worker_job.py"
 

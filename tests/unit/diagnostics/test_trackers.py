@@ -17,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from stapo_verl.diagnostics import trackers
 from stapo_verl.diagnostics.stats import Histogram
-from stapo_verl.minibatch.token_dump import SCHEMA
+from stapo_verl.minibatch.dump_schema import SCHEMA
 
 
 def _row(kind, token_id, p, h, step=7, pos=3):

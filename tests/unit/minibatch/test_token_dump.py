@@ -15,6 +15,7 @@ from stapo_verl.core.config import StapoConfigError
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.core.masks import S2T_FIELDS, global_step_of
 from stapo_verl.minibatch import token_dump
+from stapo_verl.minibatch.dump_schema import ROW_TYPES, SCHEMA
 
 
 def test_dump_dir_resolution_and_unusable_dir(tmp_path, monkeypatch):
@@ -112,7 +113,9 @@ def test_dump_rows_are_exact_and_decoding_is_proportional_to_dumped_rows(tmp_pat
     rows = [json.loads(x) for x in (tmp_path / "stapo_tokens.dp2.jsonl").read_text().splitlines()]
     assert [r["kind"] for r in rows] == ["silenced"] * 3 + ["kept"] * 3
     for r in rows:
-        assert tuple(r) == token_dump.SCHEMA
+        assert tuple(r) == SCHEMA
+        # what the writer writes is what the readers (plots, tables) accept: ROW_TYPES, bool never a number
+        assert all(isinstance(r[k], t) and not isinstance(r[k], bool) for k, t in ROW_TYPES.items()), r
         i, t = r["sample_index"], r["position"]
         assert r["token_id"] == int(td["responses"][i, t]) and r["token"] == f"t{r['token_id']}"
         assert r["p"] == pytest.approx(float(torch.tensor(-9.0).double().exp()))
