@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run): set up .venv if needed, then run the CPU test suite.
 #   bash scripts/test.sh                      everything (what CI runs)
-#   bash scripts/test.sh -m unit              the fast subset: in-process tests (about 2.5 min on 2 busy cores)
+#   bash scripts/test.sh -m unit              the fast subset: in-process tests (about 40 s on 2 idle cores)
 #   bash scripts/test.sh -m "not e2e"         unit + integration (engines, gloo jobs, Ray), no full main_ppo runs
 #   bash scripts/test.sh tests/unit/launch -x any pytest arguments
 # Kinds (tests/conftest.py marks each test by its directory): tests/unit, tests/integration, tests/e2e.

@@ -231,8 +231,8 @@ stapo_cpu_train() {
     wall=$((end - start))
     echo "{\"wall_seconds\": $wall, \"returncode\": $rc}" >"$RUN_DIR/wall.json"
     if ((rc != 0)); then
-        echo "[stapo recipe] main_ppo failed (exit $rc); the end of $RUN_DIR/train.log:" >&2
-        tail -n 40 "$RUN_DIR/train.log" >&2
+        echo "[stapo recipe] main_ppo failed (exit $rc); the end of $RUN_DIR/train.log (without Python warnings):" >&2
+        "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log" --tail 40 >&2 || tail -n 40 "$RUN_DIR/train.log" >&2
     fi
     if [[ -s $RUN_DIR/metrics.jsonl ]]; then
         "$PY" -m stapo_verl.plots report --run "$RUN_DIR" --wall-seconds "$wall" || echo "[stapo recipe] report failed" >&2

@@ -69,6 +69,26 @@ def _not_loaded_message() -> str:
     )
 
 
+def _check_loss_mode_registered(loss_mode: str) -> None:
+    """Fail at config construction (driver and workers) on a ``loss_mode`` verl's ``POLICY_LOSS_REGISTRY`` does not
+    hold, instead of after Ray, the workers, a validation and a rollout, where ``verl.trainer.ppo.core_algos.
+    get_policy_loss_fn`` would raise (with the mask already applied to that mini-batch).
+
+    Raises:
+        StapoConfigError: naming the key, the value and the registered loss modes. A loss registered with verl's
+            ``@register_policy_loss`` must be registered before the config is built (e.g. by a module a
+            ``verl.plugins`` entry point imports, as this plugin registers ``stapo``).
+    """
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    if loss_mode not in POLICY_LOSS_REGISTRY:
+        raise StapoConfigError(
+            f"{_KEY}.loss_mode={loss_mode!r} is not a registered policy loss: allowed {sorted(POLICY_LOSS_REGISTRY)} "
+            "(a loss of your own must be registered with verl's @register_policy_loss before the config is built, "
+            "e.g. in a module a 'verl.plugins' entry point imports)"
+        )
+
+
 def require_plugin_loaded() -> None:
     """Raise :class:`StapoNotRegisteredError` unless ``stapo_verl.plugin`` was imported in this process.
 
@@ -220,12 +240,14 @@ class StapoPolicyLossConfig(PolicyLossConfig):
             elif self.token_mask not in S2T_TOKEN_MASKS:
                 raise StapoConfigError(
                     f"{_KEY}.loss_mode=stapo is verl's vanilla loss with an S2T mask; {_KEY}.token_mask="
-                    f"{self.token_mask!r} is not one (allowed {list(S2T_TOKEN_MASKS)}); for another mask use "
-                    "loss_mode=vanilla"
+                    f"{self.token_mask!r} is not one (allowed {list(S2T_TOKEN_MASKS)}); to put a registered mask "
+                    f"in front of verl's vanilla loss use loss_mode=vanilla token_mask=<mask> (masks: "
+                    f"{sorted(POLICY_TOKEN_MASK_REGISTRY)})"
                 )
         if self.token_mask is None:
             return
         require_plugin_loaded()
+        _check_loss_mode_registered(self.loss_mode)
         if self.token_mask not in POLICY_TOKEN_MASK_REGISTRY:
             raise StapoConfigError(
                 f"{_KEY}.token_mask={self.token_mask!r}: allowed {sorted(POLICY_TOKEN_MASK_REGISTRY)} or null"

@@ -16,7 +16,8 @@ step range comes from the options or from the line :func:`training_header` print
   :data:`MAX_REPEATS` times (Ray workers repeat an error once per request);
 * at the end, how many lines the log holds and how many were not shown.
 
-On a failed run the recipe prints the tail of the log after this.
+On a failed run the recipe prints the tail of the log after this (``--tail N``: the last N lines without Python
+warnings, long lines cut).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ _RAY_PREFIX = re.compile(r"^\((?:[A-Za-z_][\w.]*\s+)?pid=\d+(?:,\s*ip=[^)]*)?\)\
 _METRICS = re.compile(r"^step:(\d+) - (.*)$")
 _NUMPY_SCALAR = re.compile(r"np\.\w+\((.*)\)")
 _OWN = ("[stapo", "[make_assets]")
+#: a Python warning line (``path:line: UserWarning: …``); the line after it is the source line ``warnings.warn(…``
+_WARNING = re.compile(r"^\S*:\d+: \w*Warning: ")
+#: longest line :func:`log_tail` prints (Hydra's "Error executing job with overrides" line runs to kilobytes)
+MAX_TAIL_CHARS = 400
 _ERROR = re.compile(r"Traceback \(most recent call last\)|^\w*(Error|Exception)\b.*:|\bERROR\b")
 #: (label, metric-key regex, format) shown for a training step, in order, when logged
 TRAIN_FIELDS = (
@@ -170,6 +175,25 @@ class Console:
         self._emit(f"{PREFIX} full log: {log_path} ({self.lines} lines, {max(hidden, 0)} not shown here)")
 
 
+def log_tail(path: str, n: int) -> list[str]:
+    """The last ``n`` lines of the log at ``path`` that are not Python warnings (a warning line and the source line
+    under it are dropped), each cut to :data:`MAX_TAIL_CHARS` characters and stripped of ANSI colours."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    kept, skip_source = [], False
+    for line in lines:
+        text = _ANSI.sub("", line)
+        if _WARNING.match(text):
+            skip_source = True
+            continue
+        if skip_source and text.startswith(" "):
+            skip_source = False
+            continue
+        skip_source = False
+        kept.append(text if len(text) <= MAX_TAIL_CHARS else text[:MAX_TAIL_CHARS] + f" … ({len(text)} chars)")
+    return kept[-n:] if n > 0 else []
+
+
 def run(src: BinaryIO, log: BinaryIO, console: Console) -> None:
     """Copy ``src`` to ``log`` byte for byte and feed each line (split at ``\\n`` and ``\\r``) to ``console``."""
     pending = b""
@@ -185,6 +209,7 @@ def run(src: BinaryIO, log: BinaryIO, console: Console) -> None:
             console.feed(line.decode("utf-8", errors="replace"))
     if pending:
         console.feed(pending.decode("utf-8", errors="replace"))
+        log.write(b"\n")  # the next invocation of the run appends to this log: start it on a line of its own
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log", required=True, help="file that receives the whole output (appended to)")
     ap.add_argument("--first-step", type=int, default=0, help="the checkpoint step the run resumes from")
     ap.add_argument("--total-steps", type=int, default=None, help="the run's last step")
+    ap.add_argument("--tail", type=int, default=None, metavar="N",
+                    help="print the last N lines of --log without Python warnings (see log_tail) and exit")
     a = ap.parse_args(argv)
+    if a.tail is not None:
+        print("\n".join(log_tail(a.log, a.tail)))
+        return 0
     console = Console(sys.stdout, a.first_step, a.total_steps)
     with open(a.log, "ab") as log:
         run(sys.stdin.buffer, log, console)

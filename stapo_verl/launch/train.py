@@ -65,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         state = resume_state(compose_config(a.overrides))
     except Exception as exc:  # noqa: BLE001  (Hydra / OmegaConf / ValueError: the message names the key)
-        cause = f" (caused by {exc.__cause__})" if exc.__cause__ else ""
-        print(f"{PREFIX} ERROR: the overrides do not compose: {type(exc).__name__}: {exc}{cause}", file=sys.stderr)
+        # one line (Hydra's messages span several: the reason and the "+key" hint would be hidden by the console)
+        cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+        text = " ".join(f"{type(exc).__name__}: {exc}{cause}".split())
+        print(f"{PREFIX} ERROR: the overrides do not compose: {text}", file=sys.stderr)
         return 2
     if state.complete:
         print(complete_message(state, a.command, a.run_dir), file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
 def test_loss_mode_stapo_is_vanilla_plus_s2t():
     assert StapoPolicyLossConfig(loss_mode="stapo").token_mask == "s2t"
     assert StapoPolicyLossConfig(loss_mode="stapo", token_mask="s2t_random").token_mask == "s2t_random"
-    with pytest.raises(StapoConfigError, match=r"token_mask='top_entropy' is not one"):
+    with pytest.raises(StapoConfigError, match=r"token_mask='top_entropy' is not one.*loss_mode=vanilla token_mask=<mask>"):
         StapoPolicyLossConfig(loss_mode="stapo", token_mask="top_entropy")
 
 
@@ -30,6 +30,18 @@ def test_unknown_mask_lists_the_registered_ones():
     with pytest.raises(StapoConfigError, match=r"token_mask='s2x'.*allowed \['s2t'") as err:
         StapoPolicyLossConfig(loss_mode="vanilla", token_mask="s2x")
     assert all(name in str(err.value) for name in POLICY_TOKEN_MASK_REGISTRY)
+
+
+def test_unregistered_loss_mode_fails_at_construction_listing_verls_registry():
+    """A misspelt loss_mode with a mask fails when the config is built, not at the first update (after Ray, the
+    workers, a validation and a rollout, with the mask already applied)."""
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    with pytest.raises(StapoConfigError, match=r"policy_loss\.loss_mode='stapoo' is not a registered policy loss") as err:
+        StapoPolicyLossConfig(loss_mode="stapoo", token_mask="s2t")
+    assert str(sorted(POLICY_LOSS_REGISTRY)) in str(err.value) and "'cispo'" in str(err.value)
+    for mode in ("vanilla", "cispo", "gspo", "stapo"):  # every registered loss takes a mask
+        assert StapoPolicyLossConfig(loss_mode=mode, token_mask="s2t").token_mask == "s2t"
 
 
 def test_removed_statistics_source_says_what_replaces_it():

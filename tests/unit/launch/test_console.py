@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from stapo_verl.launch.console import MAX_REPEATS, Console, parse_metrics, run
+from stapo_verl.launch.console import MAX_REPEATS, MAX_TAIL_CHARS, Console, log_tail, parse_metrics, run
 
 RAY = "\x1b[36m(TaskRunnerV1 pid=9748)\x1b[0m "
 TQ_WARNING = (RAY + "2026-12-01 15:28:47,747 - WARNING - transfer_queue.utils.common - target_num_threads 8 should "
@@ -66,7 +66,8 @@ def test_tqdm_carriage_returns_split_lines_and_a_closed_terminal_does_not_stop_t
     log = io.BytesIO()
     console = Console(Closed(), total_steps=None)
     run(io.BytesIO(data), log, console)
-    assert log.getvalue() == data and console.lines == 4 and console.shown == 2
+    # every byte, plus a newline ending the unterminated last line (the next invocation appends to the same log)
+    assert log.getvalue() == data + b"\n" and console.lines == 4 and console.shown == 2
 
 
 @pytest.mark.parametrize("total", [None, 3])
@@ -75,3 +76,23 @@ def test_last_step_has_no_time_left(total):
     first = out.splitlines()[0]
     assert "left" not in first
     assert first.startswith("[stapo] step 3/3 (100 %)" if total else "[stapo] step 3 |")
+
+
+def test_log_tail_drops_python_warnings_and_cuts_long_lines(tmp_path):
+    log = tmp_path / "train.log"
+    long = "Error executing job with overrides: [" + "'a=1', " * 200 + "]"
+    log.write_text("\n".join([
+        "first",
+        "/x/verl/workers/engine/__init__.py:32: UserWarning: torchtitan engine is not available",
+        "  warnings.warn(f\"torchtitan engine is not available: {e!r}\", stacklevel=1)",
+        "\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m kept line",
+        "/y/megatron/core/optimizer/__init__.py:24: FutureWarning: deprecated",
+        "  warnings.warn(",
+        long,
+        "StapoConfigError: actor_rollout_ref.actor.policy_loss.loss_mode='stapoo' is not a registered policy loss",
+    ]) + "\n")
+    tail = log_tail(str(log), 40)
+    assert tail == ["first", "(TaskRunnerV1 pid=1) kept line", long[:MAX_TAIL_CHARS] + f" … ({len(long)} chars)",
+                    "StapoConfigError: actor_rollout_ref.actor.policy_loss.loss_mode='stapoo' is not a registered "
+                    "policy loss"]
+    assert log_tail(str(log), 2) == tail[-2:] and log_tail(str(log), 0) == []
