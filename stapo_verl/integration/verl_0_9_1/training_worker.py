@@ -161,17 +161,24 @@ def _tokenizer(worker):
     return tok
 
 
-def _dump(worker, config, data, masked, metrics, step, index, cursor) -> list[dict]:
-    """Select, and append to this rank's JSONL, the mini-batch's token rows (``dump_tokens``); returns the rows."""
+def _padded_fields(masked) -> dict:
+    """The fields the mask read and its keep mask (``POLICY_LOSS_MASK_KEY``), padded once for the statistics and the
+    dump: (bs, T) tensors in verl's response layout."""
+    return {key: _padded(masked[key]) for key in (*S2T_FIELDS, POLICY_LOSS_MASK_KEY)}
+
+
+def _dump(worker, config, data, padded, metrics, step, index, cursor) -> list[dict]:
+    """Select, and append to this rank's JSONL, the mini-batch's token rows (``dump_tokens``); returns the rows.
+    ``padded``: :func:`_padded_fields` of the mini-batch the mask ran on."""
     from stapo_verl.minibatch.token_dump import append_jsonl, dump_path, minibatch_token_rows
 
     pl = config.policy_loss
     if not (pl.dump_tokens and _is_dump_writer(worker.engine)):
         return []
-    batch = {key: _padded(masked[key]) for key in S2T_FIELDS}
+    batch = {key: padded[key] for key in S2T_FIELDS}
     dp_rank = worker.engine.get_data_parallel_rank()
     rows = minibatch_token_rows(
-        data, batch, _padded(masked[POLICY_LOSS_MASK_KEY]), config=config, step=step, minibatch=index,
+        data, batch, padded[POLICY_LOSS_MASK_KEY], config=config, step=step, minibatch=index,
         dp_rank=dp_rank, tokenizer=_tokenizer(worker), budget=pl.dump_max_rows_per_step - cursor.rows_dumped,
         tau_h=metrics.get("actor/stapo/tau_h"),
     )
@@ -181,11 +188,10 @@ def _dump(worker, config, data, masked, metrics, step, index, cursor) -> list[di
     return rows
 
 
-def _statistics(config, masked, dp_group) -> MaskStatistics:
-    """The mask statistics of the mini-batch (``masked``: the fields and keep mask the mask used), global over DP."""
-    b = {key: _padded(masked[key]) for key in S2T_FIELDS}
-    return mask_statistics(b["old_log_probs"], b["entropy"], b["advantages"], b["response_mask"],
-                           _padded(masked[POLICY_LOSS_MASK_KEY]), tau_p=config.policy_loss.tau_p, group=dp_group)
+def _statistics(config, padded, dp_group) -> MaskStatistics:
+    """The mask statistics of the mini-batch (``padded``: :func:`_padded_fields`), global over DP."""
+    return mask_statistics(padded["old_log_probs"], padded["entropy"], padded["advantages"], padded["response_mask"],
+                           padded[POLICY_LOSS_MASK_KEY], tau_p=config.policy_loss.tau_p, group=dp_group)
 
 
 def _payload(config, cursor, step, table_due, dp_group) -> DiagnosticsPayload:
@@ -229,11 +235,13 @@ def wrap_train_batch(orig):
         # the driver's request (None: no diagnostics asked for, e.g. a trainer without the plugin's driver patch)
         request = tu.get(data, REQUEST_KEY, default=None)
         is_output_rank = bool(self.engine.is_mp_src_rank_with_outputs())
-        if config.policy_loss.token_mask in S2T_TOKEN_MASKS and is_output_rank:
-            stats = _statistics(config, masked, dp_group)
+        s2t = config.policy_loss.token_mask in S2T_TOKEN_MASKS
+        padded = _padded_fields(masked) if s2t and (is_output_rank or config.policy_loss.dump_tokens) else None
+        if s2t and is_output_rank:
+            stats = _statistics(config, padded, dp_group)
             metrics.update(stats.to_metrics())
             cursor.add_histograms(stats.histograms)
-        rows = _dump(self, config, data, masked, metrics, step, index, cursor)
+        rows = _dump(self, config, data, padded, metrics, step, index, cursor) if padded is not None else []
         if request:
             cursor.rows.extend(rows)
         last = bool(tu.get(data, "update_lr_scheduler", default=False))
