@@ -79,6 +79,7 @@ dry-run)
     ;;
 train)
     if [[ $SIZE == tiny ]]; then
+        stapo_check_ray
         stapo_cpu_train "$METHOD"
         exit $?
     fi

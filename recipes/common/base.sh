@@ -91,6 +91,9 @@ stapo_size_defaults() {
         # RL within ~10 steps, after which about one positive-advantage token a step is below 0.002; at
         # 0.1 STAPO also acts on the low-probability digits of answers that are still right.
         : "${STAPO_TAU_P:=0.1}"
+        # Same seed, same run (docs/results.md): per-request rollout seeds, and the CPU rollout server is
+        # batch-invariant, so two runs of one command give the same metrics.
+        : "${FULL_DETERMINISM:=True}"
         STAPO_SIZE_OVERRIDES+=(
             data.seed=1
             data.truncation=left
@@ -148,6 +151,9 @@ stapo_env_defaults() {
         VAL_FILES="['$d/aime24.parquet','$d/aime25.parquet','$d/amc23.parquet','$d/math500.parquet','$d/minerva.parquet','$d/olympiadbench.parquet']"
     : "${TRAIN_BATCH_SIZE:=256}" "${PPO_MINI_BATCH_SIZE:=64}" "${ROLLOUT_N:=8}"
     : "${MAX_PROMPT_LEN:=1024}" "${MAX_RESPONSE_LEN:=15360}"
+    # verl's rollout.full_determinism: per-request vLLM seeds from the plugin, VLLM_BATCH_INVARIANT=1 and
+    # deterministic NCCL in the rollout (slower; docs/recipes.md says what is and is not reproducible on GPUs).
+    : "${FULL_DETERMINISM:=False}"
     : "${LR:=1e-6}" "${LR_WARMUP_STEPS:=10}"
     # The paper gives no step count (its curves go past 3,000 steps) and the raw DAPO-Math-17k parquet is
     # ~100x duplicated, so the run length is set in steps, not epochs.
@@ -263,6 +269,7 @@ stapo_base_overrides() {
         actor_rollout_ref.rollout.name=vllm
         actor_rollout_ref.rollout.mode=async
         "actor_rollout_ref.rollout.n=$ROLLOUT_N"
+        "actor_rollout_ref.rollout.full_determinism=$FULL_DETERMINISM"
         actor_rollout_ref.rollout.temperature=1.0
         actor_rollout_ref.rollout.top_p=1.0
         actor_rollout_ref.rollout.top_k=-1

@@ -31,7 +31,9 @@
 #   param / optimizer offload                -> off (OFFLOAD=0: there is no device memory to free)
 #   torch.compile                            -> off
 #   gradient checkpointing (FSDP)            -> off (the model is 0.8 M parameters)
-#   multi-node Ray, Slurm                    -> one local ray.init (no dashboard)
+#   multi-node Ray, Slurm                    -> one local ray.init (no dashboard); or a cluster started with
+#                                               `ray start` (RAY_ADDRESS, NNODES, one virtual GPU a node:
+#                                               tests/e2e/test_tiny_two_nodes.py)
 #   wandb                                    -> console + verl's `file` logger (metrics.jsonl) + TensorBoard
 #                                               (RUN_DIR/tensorboard); LOGGER=[console,file,wandb] logs to wandb
 #                                               in offline mode (RUN_DIR/wandb) unless WANDB_MODE is set
@@ -106,11 +108,9 @@ stapo_cpu_setup() {
 # stapo_cpu_overrides: the CPU platform delta, appended after the base / size / method overrides.
 stapo_cpu_overrides() {
     STAPO_OVERRIDES+=(
-        # Platform: CPU device, virtual GPUs for verl's resource pools, a local Ray.
+        # Platform: CPU device; what every Ray worker needs travels in ray_init.runtime_env (also to the nodes of
+        # a cluster this recipe did not start).
         trainer.device=cpu
-        "+ray_kwargs.ray_init.num_gpus=$GPUS_PER_NODE"
-        ray_kwargs.ray_init.num_cpus=8
-        +ray_kwargs.ray_init.include_dashboard=False
         +ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM=cpu
         +ray_kwargs.ray_init.runtime_env.env_vars.RAY_AUTH_MODE=disabled
         "+ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE='$WANDB_MODE'"
@@ -137,6 +137,15 @@ stapo_cpu_overrides() {
         # Hydra's output (the composed config in .hydra/, main_ppo.log) in the run dir, not ./outputs/<date>.
         "hydra.run.dir='$RUN_DIR/hydra'"
     )
+    if [[ -z ${RAY_ADDRESS:-} ]]; then
+        # A local Ray started by main_ppo: virtual GPUs for verl's resource pools, no dashboard. A cluster started
+        # with `ray start` (RAY_ADDRESS) declares its own CPUs and GPUs (ray.init refuses them when connecting).
+        STAPO_OVERRIDES+=(
+            "+ray_kwargs.ray_init.num_gpus=$GPUS_PER_NODE"
+            ray_kwargs.ray_init.num_cpus=8
+            +ray_kwargs.ray_init.include_dashboard=False
+        )
+    fi
     case $ENGINE in
     fsdp) stapo_cpu_fsdp overrides ;;
     megatron) stapo_cpu_megatron overrides ;;

@@ -149,38 +149,80 @@ def derive_max_tokens(prompt_len: int, prompt_length: int, response_length: int,
     return max(1, min(mt, room))
 
 
+def request_seed(params: dict[str, Any]) -> Optional[int]:
+    """The per-request ``seed`` of a ``sampling_params`` dict (vLLM's ``SamplingParams.seed``), or None.
+
+    Raises:
+        ValueError: ``seed`` is not an integer in ``[0, 2**63)`` (the range of ``torch.Generator.manual_seed``).
+    """
+    seed = params.get("seed")
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"sampling_params['seed']={seed!r}: must be an integer in [0, 2**63)")
+    return seed
+
+
 class HFGenerator:
-    """Batched sampler over a Hugging Face causal LM (KV cache, left padding).
+    """Batched sampler over a Hugging Face causal LM (KV cache, left padding to a fixed length).
+
+    Batch invariance: every batch is left-padded to the same length ``pad_to`` (the rollout's ``prompt_length``)
+    and to at least :attr:`MIN_ROWS` rows, so a row's logits do not depend on which other requests share its batch.
+    Measured on this project's CPUs (torch 2.13, fp32, 1 and 2 threads): with a ragged pad (the longest prompt of
+    the batch) CPU SDPA reduces over a different number of columns, and ``F.linear`` takes other kernels for fewer
+    than 8 rows (1-3 rows on one thread, 1-7 on two), each moving a row's logits by about 1e-6, enough to flip a
+    sampled token; from 8 to 1,024 rows the results were bit-identical. Together with a per-request seed this makes what
+    a request samples a function of its prompt, its seed and the weights alone, as vLLM's batch-invariant mode
+    with ``SamplingParams.seed`` does on GPUs.
 
     Args:
         model: a ``transformers`` causal LM on CPU, in eval mode.
         eos_token_ids: ids that end a sequence (the EOS is included in the output, as vLLM does).
         pad_token_id: id used for left padding of the prompt batch.
-        seed: seed of the sampling generator (each call advances it).
+        seed: seed of the generator shared by requests without a seed of their own (each such call advances it,
+            so those draws depend on batching, as unseeded requests do in vLLM).
+        pad_to: fixed left-padded prompt length; a batch with a longer prompt is padded to that prompt (and loses
+            batch invariance). 0 pads to the longest prompt of each batch.
     """
 
-    def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, seed: int = 0):
+    #: the fewest rows a batch is computed with (dummy rows fill it; see the class docstring)
+    MIN_ROWS = 8
+
+    def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, seed: int = 0, pad_to: int = 0):
         self.model = model
         self.eos = torch.tensor(sorted(set(int(e) for e in eos_token_ids)), dtype=torch.long)
         self.pad_token_id = int(pad_token_id)
         self.rng = torch.Generator().manual_seed(int(seed))
+        self.pad_to = int(pad_to)
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_tokens: list[int], s: SamplingSettings
-                 ) -> list[tuple[list[int], Optional[list[float]]]]:
+    def generate(self, prompts: list[list[int]], max_tokens: list[int], s: SamplingSettings,
+                 seeds: Optional[list[Optional[int]]] = None) -> list[tuple[list[int], Optional[list[float]]]]:
         """Generate one continuation per prompt.
 
         Args:
             prompts: B token-id lists (no padding).
             max_tokens: per-prompt generation limits (>= 1).
             s: shared sampling settings.
+            seeds: per-prompt seeds (None: the shared generator). A seeded row draws its tokens from its own
+                ``torch.Generator`` seeded with it, one ``torch.multinomial`` per generated token.
         Returns:
             B pairs ``(token_ids, log_probs)``; ``token_ids`` ends with the EOS when generation stopped on it,
             ``log_probs`` is ``None`` unless ``s.logprobs``.
         """
+        n_req = len(prompts)
+        seeds = list(seeds) if seeds is not None else [None] * n_req
+        if len(seeds) != n_req or len(max_tokens) != n_req:
+            raise ValueError(f"HFGenerator.generate: {len(seeds)} seeds and {len(max_tokens)} limits for "
+                             f"{n_req} prompts")
+        if n_req < self.MIN_ROWS:  # dummy rows (own seed, one token), dropped from the results
+            fill = self.MIN_ROWS - n_req
+            prompts = list(prompts) + [prompts[0]] * fill
+            max_tokens = list(max_tokens) + [1] * fill
+            seeds = seeds + [0] * fill
         B = len(prompts)
-        lens = torch.tensor([len(p) for p in prompts])
-        T = int(lens.max())
+        rngs = [None if sd is None else torch.Generator().manual_seed(int(sd)) for sd in seeds]
+        T = max(self.pad_to, max(len(p) for p in prompts))
         ids = torch.full((B, T), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((B, T), dtype=torch.long)
         for i, p in enumerate(prompts):
@@ -203,7 +245,14 @@ class HFGenerator:
             if s.greedy:
                 nxt = torch.argmax(x, dim=-1)
             else:
-                nxt = torch.multinomial(torch.softmax(x, dim=-1), 1, generator=self.rng).squeeze(-1)
+                probs = torch.softmax(x, dim=-1)
+                nxt = torch.empty(B, dtype=torch.long)
+                shared = [i for i in range(B) if rngs[i] is None]
+                if shared:
+                    nxt[shared] = torch.multinomial(probs[shared], 1, generator=self.rng).squeeze(-1)
+                for i, rng in enumerate(rngs):
+                    if rng is not None:
+                        nxt[i] = torch.multinomial(probs[i], 1, generator=rng)[0]
             lp = torch.log_softmax(x, dim=-1).gather(-1, nxt[:, None]).squeeze(-1)
             active = ~done
             out_tok[active, t] = nxt[active]
@@ -216,7 +265,7 @@ class HFGenerator:
             cur_pos = cur_pos[:, -1:] + 1
             mask = torch.cat([mask, torch.ones((B, 1), dtype=torch.long)], dim=-1)
         results = []
-        for i in range(B):
+        for i in range(n_req):
             k = int(n_gen[i])
             toks = out_tok[i, :k].tolist()
             results.append((toks, out_lp[i, :k].tolist() if s.logprobs else None))
@@ -265,7 +314,7 @@ class CPURolloutServer:
         self.generation_config: Optional[str] = None  # engine_kwargs.vllm.generation_config, set at launch
         self.stop_token_ids: list[int] = []  # ids generation stops at, set at launch
         self._lock = threading.Lock()
-        self._pending: list[tuple[list[int], int, SamplingSettings, asyncio.Future]] = []
+        self._pending: list[tuple[list[int], int, SamplingSettings, Optional[int], asyncio.Future]] = []
         self._batch_task: Optional[asyncio.Task] = None
         self.num_requests = 0
         self.num_batches = 0
@@ -301,8 +350,8 @@ class CPURolloutServer:
         self.stop_token_ids = sorted(eos)
         pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
         seed = int(_cfg_get(self.config, "seed", 0) or 0) + 1000 * self.replica_rank
-        self.generator = HFGenerator(model, sorted(eos), pad, seed=seed)
         self.prompt_length = int(_cfg_get(self.config, "prompt_length", 512))
+        self.generator = HFGenerator(model, sorted(eos), pad, seed=seed, pad_to=self.prompt_length)
         self.response_length = int(_cfg_get(self.config, "response_length", 512))
         self.max_model_len = _cfg_get(self.config, "max_model_len", None)
 
@@ -323,14 +372,15 @@ class CPURolloutServer:
         Args:
             prompt_ids: prompt token ids.
             sampling_params: ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``logprobs``
-                (bool), optional ``max_tokens``/``max_new_tokens``.
+                (bool), optional ``max_tokens``/``max_new_tokens`` and ``seed`` (vLLM's per-request seed: the
+                request's draws then depend on it alone, not on which requests share its batch).
             request_id: opaque id (logged only).
         Returns:
             ``verl.workers.rollout.replica.TokenOutput`` with ``token_ids`` (EOS included when hit),
             ``log_probs`` (processed log-probs or ``None``), ``stop_reason="completed"`` and
             ``extra_fields={"global_steps": int}``.
         Raises:
-            ValueError: multimodal input, or an invalid sampling value.
+            ValueError: multimodal input, or an invalid sampling value (including ``seed``).
         """
         from verl.workers.rollout.replica import TokenOutput
 
@@ -340,10 +390,11 @@ class CPURolloutServer:
             await self.launch_server()
         params = dict(sampling_params)
         s = SamplingSettings.from_params(params)
+        seed = request_seed(params)
         prompt_ids = [int(t) for t in prompt_ids]
         mt = derive_max_tokens(len(prompt_ids), self.prompt_length, self.response_length, self.max_model_len, params)
         fut = asyncio.get_running_loop().create_future()
-        self._pending.append((prompt_ids, mt, s, fut))
+        self._pending.append((prompt_ids, mt, s, seed, fut))
         if self._batch_task is None or self._batch_task.done():
             self._batch_task = asyncio.create_task(self._drain())
         toks, lps = await fut
@@ -360,19 +411,20 @@ class CPURolloutServer:
                 groups.setdefault(item[2], []).append(item)
             for s, items in groups.items():
                 try:
-                    res = await asyncio.to_thread(self._run_batch, [i[0] for i in items], [i[1] for i in items], s)
+                    res = await asyncio.to_thread(self._run_batch, [i[0] for i in items], [i[1] for i in items], s,
+                                                  [i[3] for i in items])
                     for item, r in zip(items, res):
-                        if not item[3].done():
-                            item[3].set_result(r)
+                        if not item[4].done():
+                            item[4].set_result(r)
                 except Exception as e:  # hand the error to every waiting request
                     for item in items:
-                        if not item[3].done():
-                            item[3].set_exception(e)
+                        if not item[4].done():
+                            item[4].set_exception(e)
 
-    def _run_batch(self, prompts, max_tokens, s):
+    def _run_batch(self, prompts, max_tokens, s, seeds):
         with self._lock:
             self.num_batches += 1
-            return self.generator.generate(prompts, max_tokens, s)
+            return self.generator.generate(prompts, max_tokens, s, seeds)
 
     # ------------------------------------------------------------------ weights
     async def update_weights(self, state_dict: dict[str, torch.Tensor]) -> int:

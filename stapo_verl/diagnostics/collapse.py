@@ -17,7 +17,8 @@ norm_z``                                                                  ``docs
                                                                           LM-head norm is not available
 ======================================  ================================  =========================================
 
-The state (the windows) lives in a :class:`CollapseMonitor` on the trainer instance.
+The state (the windows) lives in a :class:`CollapseMonitor` on the trainer instance and is saved with every verl
+checkpoint (:meth:`CollapseMonitor.state_dict`), so a resumed run scores exactly as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -90,6 +91,26 @@ class CollapseMonitor:
     warmup: int
     threshold: float | None
     scores: dict = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, list[float]]:
+        """The windows, ``{signal: [previous values, oldest first]}`` (JSON-serialisable), for a checkpoint."""
+        return {signal: list(score.history) for signal, score in self.scores.items()}
+
+    def load_state_dict(self, state: dict[str, list[float]]) -> None:
+        """Restore the windows saved by :meth:`state_dict` (a resumed run then scores as an uninterrupted one).
+
+        Raises:
+            ValueError: a signal not in :data:`SIGNALS`, or a non-finite value.
+        """
+        known = {signal for signal, _ in SIGNALS}
+        scores = {}
+        for signal, values in state.items():
+            if signal not in known:
+                raise ValueError(f"collapse monitor state: unknown signal {signal!r} (known: {sorted(known)})")
+            if not all(math.isfinite(float(v)) for v in values):
+                raise ValueError(f"collapse monitor state: non-finite value in {signal!r}: {values}")
+            scores[signal] = RunningZScore(self.window, self.warmup, deque(float(v) for v in values))
+        self.scores = scores
 
     def observe(self, step: int, metrics: dict, *, where: str) -> tuple[dict[str, float], list[str]]:
         """Score this step's signals.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from stapo_verl.diagnostics.collapse import CollapseMonitor
 from stapo_verl.diagnostics.shipping import DiagnosticsPayload, table_due
-from stapo_verl.diagnostics.trackers import TABLE_KEY, log_histograms, log_token_table
+from stapo_verl.diagnostics.trackers import TABLE_KEY, log_histograms, log_token_table, start_tensorboard_session
 
 
 @dataclass
@@ -26,6 +26,8 @@ class DriverDiagnostics:
         dump_glob: where the JSONL dump lies on the actor workers' nodes (for the warning line).
         monitor: the collapse z-scores.
         last_table_step: the last step a token table was logged at (None before the first).
+        session_started: whether this process has marked its first step in TensorBoard
+            (:func:`stapo_verl.diagnostics.trackers.start_tensorboard_session`); not saved with a checkpoint.
     """
 
     dump_tokens: bool
@@ -33,6 +35,7 @@ class DriverDiagnostics:
     dump_glob: str
     monitor: CollapseMonitor
     last_table_step: int | None = None
+    session_started: bool = False
 
     @classmethod
     def from_policy_loss(cls, pl) -> DriverDiagnostics:
@@ -43,6 +46,19 @@ class DriverDiagnostics:
                    dump_glob=f"{resolve_dump_dir(pl.dump_dir)}/stapo_tokens.dp*.jsonl",
                    monitor=CollapseMonitor(window=pl.collapse_window, warmup=pl.collapse_warmup_steps,
                                            threshold=pl.collapse_z_threshold))
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of the driver state (JSON-serialisable): the collapse windows, the last table step."""
+        return {"collapse_windows": self.monitor.state_dict(), "last_table_step": self.last_table_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`'s output.
+
+        Raises:
+            KeyError: a key of :meth:`state_dict` is missing. ValueError: see :meth:`CollapseMonitor.load_state_dict`.
+        """
+        self.monitor.load_state_dict(state["collapse_windows"])
+        self.last_table_step = state["last_table_step"]
 
     def table_due(self, step: int, *, test_freq: int, total_steps: int) -> bool:
         """Whether to ask the workers for the token rows at ``step`` (never without ``dump_tokens``)."""
@@ -69,6 +85,10 @@ class DriverDiagnostics:
         Returns:
             The warning lines printed.
         """
+        if tracking is not None and not self.session_started:
+            # the first update of this process: events of an interrupted attempt at this step or later go
+            start_tensorboard_session(tracking, step)
+            self.session_started = True
         for payload in payloads:
             if tracking is None:
                 break

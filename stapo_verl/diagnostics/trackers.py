@@ -51,6 +51,33 @@ def _warn(backend: str, what: str, error: Exception) -> None:
     print(f"[stapo] could not log the {what} to {backend}: {type(error).__name__}: {error}", flush=True)
 
 
+def start_tensorboard_session(tracking, step: int) -> bool:
+    """Mark in verl's TensorBoard file that this process starts writing at ``step``: TensorBoard then hides every
+    event of an earlier invocation at ``step`` or later (a run killed after its checkpoint trains those steps again).
+
+    The marker is a ``SessionLog.START`` event, what ``torch.utils.tensorboard.SummaryWriter(purge_step=step)`` writes
+    (verl's ``_TensorboardAdapter`` creates its writer without ``purge_step``). TensorBoard's reader takes the first
+    marker of a run as its start and purges on every later one (``purge_orphaned_data``, its default), so every
+    invocation writes one at its first step, a fresh start included.
+
+    Returns:
+        True when ``tracking`` has a TensorBoard backend and the marker was written.
+    """
+    backends = getattr(tracking, "logger", {}) or {}
+    if "tensorboard" not in backends:
+        return False
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        writer = backends["tensorboard"].writer
+        writer.file_writer.add_event(Event(step=int(step), session_log=SessionLog(status=SessionLog.START)))
+        writer.flush()
+    except Exception as e:  # a tracker problem must not stop training
+        _warn("tensorboard", "the session start marker", e)
+        return False
+    return True
+
+
 def log_histograms(tracking, histograms: dict, step: int) -> list[str]:
     """Write the non-empty histograms to every backend of ``tracking`` that has a histogram type.
 

@@ -194,6 +194,24 @@ def log_tail(path: str, n: int) -> list[str]:
     return kept[-n:] if n > 0 else []
 
 
+def dead_actors(path: str) -> list[str]:
+    """Ray actors the last invocation in the log at ``path`` reported dead (``ActorDiedError`` … ``class_name: X``),
+    in the order first reported, each once; the last invocation starts at the last :func:`training_header` line."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = [_ANSI.sub("", line) for line in f.read().splitlines()]
+    start = max((i for i, line in enumerate(lines) if line.startswith("[stapo recipe] training ")), default=0)
+    names, pending = [], False
+    for line in lines[start:]:
+        if "ActorDiedError" in line:
+            pending = True
+        elif pending and (m := re.search(r"class_name: (\S+)", line)):
+            name = m.group(1).rsplit(".", 1)[-1]
+            if name not in names:
+                names.append(name)
+            pending = False
+    return names
+
+
 def run(src: BinaryIO, log: BinaryIO, console: Console) -> None:
     """Copy ``src`` to ``log`` byte for byte and feed each line (split at ``\\n`` and ``\\r``) to ``console``."""
     pending = b""
@@ -223,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.tail is not None:
         print("\n".join(log_tail(a.log, a.tail)))
+        died = dead_actors(a.log)
+        if died:
+            print(f"[stapo] Ray actor(s) died during this run: {', '.join(died)} (the first is the cause; the others "
+                  "failed on it). Search the log for ActorDiedError.")
         return 0
     console = Console(sys.stdout, a.first_step, a.total_steps)
     with open(a.log, "ab") as log:

@@ -12,10 +12,14 @@ In one process, so verl and the plugin are imported once:
    resume from is already at the last step, it says so and exits with :data:`EXIT_COMPLETE` (nothing written).
 2. It prints the line :func:`stapo_verl.launch.console.training_header` (the console reads the step range from
    it), writes the stop-token generation config (``--stop-tokens``, :func:`stapo_verl.launch.stop_tokens.
-   write_generation_config`) and keeps an earlier ``RUN/metrics.jsonl`` as ``RUN/metrics.<unix time>.jsonl``
-   (verl's ``file`` logger truncates its file, so ``metrics.jsonl`` then holds this invocation only).
+   write_generation_config`) and sets the run's earlier metrics aside (:func:`prepare_metrics`): verl's ``file``
+   logger truncates ``RUN/metrics.jsonl``, so the rows of the steps the checkpoint holds wait in
+   ``RUN/metrics.history.jsonl``; rows of steps after the checkpoint (an attempt killed before its next checkpoint)
+   are dropped, because this invocation trains those steps again.
 3. It calls ``verl.trainer.main_ppo.main()`` (or ``$STAPO_MAIN_PPO``, ``module:function``) with the overrides as
    its command line: Hydra parses them again, exactly as ``python -m verl.trainer.main_ppo <overrides>`` would.
+4. When main_ppo returns or fails, ``RUN/metrics.jsonl`` becomes the whole run, one row per step
+   (:func:`finish_metrics`). After a ``kill -9`` the next invocation does it (step 2 reads both files).
 
 Exit status: main_ppo's (0 = trained); :data:`EXIT_COMPLETE` = already complete, nothing run; 2 = the overrides do
 not compose (the message names the key).
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 import time
@@ -40,14 +45,73 @@ DEFAULT_ENTRY = "verl.trainer.main_ppo:main"
 ENTRY_ENV = "STAPO_MAIN_PPO"
 
 
-def keep_earlier_metrics(run_dir: str) -> str | None:
-    """Rename ``run_dir/metrics.jsonl`` (when not empty) to ``metrics.<unix time>.jsonl``; return the new path."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.isfile(path) or os.path.getsize(path) == 0:
-        return None
-    kept = os.path.join(run_dir, f"metrics.{int(time.time())}.jsonl")
-    os.replace(path, kept)
-    return kept
+#: the run's metrics (verl's `file` logger target in the recipes)
+METRICS_FILE = "metrics.jsonl"
+#: rows of the run's earlier invocations kept while verl's file logger (which truncates ``metrics.jsonl``) writes
+HISTORY_FILE = "metrics.history.jsonl"
+
+
+def _read_rows(path: str) -> list[dict]:
+    """``{"step", "data"}`` rows of a metrics JSONL (a torn last line, left by a killed writer, is skipped)."""
+    rows = []
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict) and isinstance(row.get("step"), int) and isinstance(row.get("data"), dict):
+                    rows.append(row)
+    return rows
+
+
+def _by_step(rows: list[dict]) -> dict[int, dict]:
+    """One merged ``data`` per step, later rows overriding earlier keys (a resumed run's validation at its first step
+    joins that step's training row)."""
+    out: dict[int, dict] = {}
+    for row in rows:
+        out.setdefault(row["step"], {}).update(row["data"])
+    return out
+
+
+def _write_rows(path: str, by_step: dict[int, dict]) -> None:
+    """Write one row per step, in step order, atomically (temporary file, then ``os.replace``)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"step": step, "data": by_step[step]}) + "\n" for step in sorted(by_step))
+    os.replace(tmp, path)
+
+
+def prepare_metrics(run_dir: str, checkpoint_step: int) -> None:
+    """Before verl starts: keep the rows of the steps the checkpoint holds, drop those it will train again.
+
+    The run's rows so far are ``metrics.history.jsonl`` (left by an invocation that was killed) plus
+    ``metrics.jsonl``; those up to ``checkpoint_step`` go to ``metrics.history.jsonl``; rows of later steps were
+    written by an attempt that never reached its next checkpoint, and the resumed run writes them again. A fresh
+    start (``checkpoint_step`` 0) keeps an earlier ``metrics.jsonl`` aside as ``metrics.<unix time>.jsonl``.
+    """
+    path, history = os.path.join(run_dir, METRICS_FILE), os.path.join(run_dir, HISTORY_FILE)
+    if checkpoint_step <= 0:
+        if os.path.isfile(path) and os.path.getsize(path) > 0:
+            os.replace(path, os.path.join(run_dir, f"metrics.{int(time.time())}.jsonl"))
+        if os.path.isfile(history):
+            os.remove(history)
+        return
+    rows = _by_step(_read_rows(history) + _read_rows(path))
+    _write_rows(history, {step: data for step, data in rows.items() if step <= checkpoint_step})
+    if os.path.isfile(path):
+        os.remove(path)
+
+
+def finish_metrics(run_dir: str) -> None:
+    """After verl ends (or fails): ``metrics.jsonl`` = the kept history + this invocation's rows, one row per step."""
+    path, history = os.path.join(run_dir, METRICS_FILE), os.path.join(run_dir, HISTORY_FILE)
+    if not (os.path.isfile(history) or os.path.isfile(path)):
+        return
+    _write_rows(path, _by_step(_read_rows(history) + _read_rows(path)))
+    if os.path.isfile(history):
+        os.remove(history)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,10 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         model, out = a.stop_tokens
         stop = stop_tokens.write_generation_config(model, out)
         print(f"[stapo stop tokens] {model}: stop at {stop.describe()} -> {out}", flush=True)
-    keep_earlier_metrics(a.run_dir)
+    prepare_metrics(a.run_dir, state.checkpoint_step or 0)
     sys.argv = ["verl.trainer.main_ppo", *a.overrides]
     module, _, function = os.environ.get(ENTRY_ENV, DEFAULT_ENTRY).partition(":")
-    getattr(importlib.import_module(module), function)()  # @hydra.main parses sys.argv, exits non-zero on an error
+    try:
+        getattr(importlib.import_module(module), function)()  # @hydra.main parses sys.argv, exits non-zero on error
+    finally:
+        finish_metrics(a.run_dir)
     return 0
 
 

@@ -175,6 +175,60 @@ def build_rows(
     return rows
 
 
+def _last_line(path: str, chunk: int = 1 << 16) -> bytes:
+    """The last non-empty line of ``path`` (b"" for a missing or empty file), read from the end."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            end = f.tell()
+            buf = b""
+            while end > 0:
+                start = max(0, end - chunk)
+                f.seek(start)
+                buf = f.read(end - start) + buf
+                lines = buf.rstrip(b"\n").split(b"\n")
+                if len(lines) > 1 or start == 0:
+                    return lines[-1]
+                end = start
+    except FileNotFoundError:
+        pass
+    return b""
+
+
+def drop_rows_from(path: str, step: int, minibatch: int) -> int:
+    """Remove the rows at or after (``step``, ``minibatch``) from a dump: they were written by an attempt that did not
+    reach its next checkpoint, and the resumed run is writing those mini-batches again. Returns how many were removed.
+
+    O(1) when the file ends before (``step``, ``minibatch``), the normal case: only the last line is read. A partly
+    written last line (a killed writer) is dropped too. The rewrite goes through a temporary file and ``os.replace``.
+    """
+    last = _last_line(path)
+    if not last:
+        return 0
+    try:
+        row = json.loads(last)
+        if (int(row["step"]), int(row["minibatch"])) < (int(step), int(minibatch)):
+            return 0
+    except (ValueError, KeyError, TypeError):
+        pass  # a torn last line: rewrite below
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                row = json.loads(line)
+                if (int(row["step"]), int(row["minibatch"])) < (int(step), int(minibatch)):
+                    kept.append(line if line.endswith("\n") else line + "\n")
+                    continue
+            except (ValueError, KeyError, TypeError):
+                pass
+            dropped += 1
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+    return dropped
+
+
 def append_jsonl(path: str, rows: list[dict]) -> None:
     """Append rows to ``path`` (one ``json.dumps`` line each, UTF-8, no ASCII escaping)."""
     if not rows:

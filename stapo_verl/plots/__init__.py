@@ -3,5 +3,5 @@
 ``python -m stapo_verl.plots report --run RUN_DIR`` and ``python -m stapo_verl.plots overlay --runs A B --out F``
 (see :mod:`stapo_verl.plots.__main__`). Modules: :mod:`.loading` (metrics JSONL, token dump, validation dump),
 :mod:`.curves` (entropy / validation accuracy / reward / masked fraction), :mod:`.scatter` (p–H scatter),
-:mod:`.report` (one invocation's summary), :mod:`.overlay` (several runs).
+:mod:`.report` (a run's summary), :mod:`.overlay` (several runs).
 """

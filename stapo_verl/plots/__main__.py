@@ -7,9 +7,9 @@
         → RUN_DIR/plot.png, RUN_DIR/scatter.png, RUN_DIR/summary.json, RUN_DIR/summary.md
     python -m stapo_verl.plots overlay --runs DIR [DIR ...] [--labels L ...] --out FILE.png
 
-``report`` covers one invocation: ``--metrics`` defaults to ``RUN_DIR/metrics.jsonl`` (verl's file logger
-truncates it at start, so it is the latest invocation's; the tiny recipes keep older ones as
-``metrics.<ts>.jsonl``), ``--tokens`` to ``RUN_DIR/**/stapo_tokens.dp*.jsonl``, ``--val-generations`` to
+``report`` covers the steps of one metrics file: ``--metrics`` defaults to ``RUN_DIR/metrics.jsonl`` (the whole run
+with the tiny recipes, which merge its invocations and keep an earlier run's file as ``metrics.<ts>.jsonl``; verl's
+file logger alone truncates it when an invocation starts), ``--tokens`` to ``RUN_DIR/**/stapo_tokens.dp*.jsonl``, ``--val-generations`` to
 ``RUN_DIR/val_generations`` (verl's ``trainer.validation_data_dir``; needed for standard errors). Exit code 2 with
 a one-line message on a missing or malformed file.
 """

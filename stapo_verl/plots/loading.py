@@ -2,8 +2,9 @@
 
 * Metrics: verl's ``file`` logger (``verl/utils/tracking.py::FileLogger``) writes one line per step,
   ``{"step": int, "data": {metric: value}}``, to ``$VERL_FILE_LOGGER_PATH`` and opens it with mode ``"wb"``,
-  so one file holds exactly one invocation (the tiny recipes point it at ``RUN_DIR/metrics.jsonl`` and rename
-  an earlier file to ``metrics.<unix time>.jsonl`` first).
+  so on its own one file holds one invocation; the tiny recipes point it at ``RUN_DIR/metrics.jsonl`` and merge the
+  run's invocations into it, one row a step (:mod:`stapo_verl.launch.train`), and rename an earlier run's file to
+  ``metrics.<unix time>.jsonl`` on a fresh start.
 * Token dump: ``stapo_tokens.dp<rank>.jsonl`` files anywhere under the run dir, one silenced or kept candidate
   per line (schema :data:`ROW_TYPES`), written by the plugin's worker hook.
 * Validation generations: verl's ``trainer.validation_data_dir`` dump (``ray_trainer.py::_write_generations``),

@@ -1,9 +1,10 @@
-"""Per-run report: ``plot.png``, ``scatter.png``, ``summary.json`` and ``summary.md`` of ONE invocation.
+"""Per-run report: ``plot.png``, ``scatter.png``, ``summary.json`` and ``summary.md`` of the steps of ONE metrics file.
 
-What "this invocation" is: the metrics file given (default ``RUN_DIR/metrics.jsonl``, which verl's file logger
-truncates when a run starts, see :mod:`stapo_verl.plots.loading`), its training steps, and the token-dump rows
-and validation generations of exactly those steps. Rows of other steps (an earlier invocation in the same run
-dir) are counted as excluded, never reported.
+What is covered: the metrics file given (default ``RUN_DIR/metrics.jsonl``: with the tiny recipes every step of the
+run, one row a step, across resumes; for ``main_ppo`` run directly, verl's file logger truncates it when an
+invocation starts, see :mod:`stapo_verl.plots.loading`), its training steps, and the token-dump rows and validation
+generations of exactly those steps. Rows of other steps (an earlier run in the same run dir) are counted as
+excluded, never reported.
 
 Validation accuracy comes with its standard error over prompts, SE = sd(m_i) / √n, where m_i is prompt i's
 mean accuracy over its N samples (samples of one prompt are correlated, so the prompt is the unit). It needs

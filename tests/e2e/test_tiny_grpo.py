@@ -30,8 +30,8 @@ def test_tiny_grpo_with_cispo_and_s2t_two_steps_with_reference_model(tmp_path):
     assert (cfg.policy_loss.loss_mode, cfg.policy_loss.token_mask, cfg.use_kl_loss) == ("cispo", "s2t", True)
     m = metrics_by_step(run_dir / "metrics.jsonl")
     assert sorted(m) == [1, 2]
+    check_mask_and_denominator(m)
     for step in (1, 2):
-        check_mask_and_denominator(m[step])
         assert m[step]["actor/kl_coef"] == 0.001  # GRPO's KL loss is on
     assert m[1]["actor/kl_loss"] == 0.0  # reference == policy at step 1, both fp32
     assert m[2]["actor/kl_loss"] > 0.0  # one update later the policy has moved away from the reference

@@ -1,65 +1,115 @@
-"""End to end: ``bash recipes/tiny_cpu_stapo.sh`` for 2 training steps (+ one validation), then a resume to step 3,
-then the same command once more, which must train nothing.
+"""End to end: ``bash recipes/tiny_cpu_stapo.sh`` is reproducible, and a killed run continues as if never killed.
 
 The real ``python -m verl.trainer.main_ppo`` through the recipe: recipes/common/base.sh at size ``tiny`` + the CPU
 delta (local Ray, TransferQueue, FSDP2 on gloo, the CPU rollout server with the recipe's stop-token generation
 config, the ``dapo`` reward manager with the project's scorer, dynamic batch size, ``loss_mode=stapo`` through the
-plugin's actor option). Batch sizes are shrunk by Hydra overrides (:data:`support.runs.SMALL`); the assets come from
-the cache (``$STAPO_ASSETS`` or ~/.cache/stapo_verl/tiny; built on first use).
+plugin's actor option, ``rollout.full_determinism=True``). Batch sizes are shrunk by Hydra overrides
+(:data:`support.runs.SMALL`); the assets come from the cache (``$STAPO_ASSETS`` or ~/.cache/stapo_verl/tiny).
+
+One command, three ways:
+
+1. **A**: 4 steps on an otherwise idle machine (checkpoints at 2 and 4, validation at 4).
+2. **B**: the same command while a CPU burner runs, killed with ``kill -9`` (the whole process tree) after its
+   step-2 checkpoint, once it has written rows of step 3; a half-written ``global_step_4`` is left behind, as a kill
+   during a save leaves it. Then the same command again (burner still running): it resumes from step 2.
+3. The same command once more: the run is complete, nothing runs.
+
+A and B must agree on every metric but time, speed and memory, at every step, one row a step; on the token dump byte
+for byte; on the validation generations; B's TensorBoard has each step's chart point and table once. That makes
+each assertion on A's values certain, not likely: given the seed, the run is a function of the command.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import time
 
-from support.runs import SMALL, failure_text, metrics_by_step, run_config, run_recipe
+from support.procs import cpu_burner, kill_tree
+from support.runs import (
+    SMALL,
+    check_mask_and_denominator,
+    failure_text,
+    metrics_by_step,
+    recipe_process,
+    reproducible,
+    run_config,
+    run_recipe,
+)
+from support.trackers import check_tensorboard, event_accumulator
+
+PL = "actor_rollout_ref.actor.policy_loss"
+#: τ_p = 0.9 makes many tokens of positive-advantage responses candidates (at the recipe's 0.1 this 8 x 4 batch has
+#: none at steps 1-2; at 0.9, steps 2-4 silence 1, 11 and 8 tokens on this project's machines); a 2-step collapse warm-up gives z-scores at steps 3
+#: and 4, which a resume reproduces only with the restored windows; a token table every step
+COMMAND = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=4", f"{PL}.tau_p=0.9",
+           f"{PL}.collapse_warmup_steps=2", f"{PL}.dump_every=1"]
 
 
-def test_tiny_stapo_two_steps_then_resume_then_nothing_to_do(tmp_path):
-    run_dir = tmp_path / "run"
-    r = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, "trainer.total_training_steps=2", "trainer.test_freq=2")
-    assert r.returncode == 0, failure_text(run_dir, r)
+def _rows(path):
+    return [json.loads(x) for x in path.read_text().splitlines()]
 
-    m = metrics_by_step(run_dir / "metrics.jsonl")
-    assert sorted(m) == [1, 2], sorted(m)
-    for step in (1, 2):
-        # the S2T mask ran inside the actor worker: its statistics come back from update_actor
-        assert m[step]["actor/stapo/num_candidates"] >= m[step]["actor/stapo/num_masked"] >= 0
-        assert 0.0 <= m[step]["actor/stapo/masked_frac"] <= 1.0
-        assert -1.0 <= m[step]["critic/score/min"] <= m[step]["critic/score/max"] <= 1.0
-    # rewards came from stapo_verl.rewards: only it adds the no_box / timeout keys to the reward's extra info
-    assert any(re.fullmatch(r"val-aux/math_dapo/(no_box|timeout)/mean@1", k) for k in m[2]), sorted(m[2])
-    assert 0.0 <= m[2]["val-core/math_dapo/acc/mean@1"] <= 1.0  # the one validation ran, on the synthetic rows only
-    assert not any(k.startswith("val-core/") and "math_dapo" not in k for k in m[2])
 
-    cfg = run_config(run_dir)
+def _wait_for(predicate, proc, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert proc.poll() is None, f"the run ended (exit {proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.2)
+
+
+def _has_step_row(path, step: int) -> bool:
+    return path.exists() and any(r.get("step") == step for r in _rows(path) if r)
+
+
+def test_same_command_same_run_under_load_and_after_kill_9(tmp_path):
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    ra = run_recipe("tiny_cpu_stapo.sh", a_dir, *COMMAND, timeout=900)
+    assert ra.returncode == 0, failure_text(a_dir, ra)
+    ma = metrics_by_step(a_dir / "metrics.jsonl")
+    assert sorted(ma) == [1, 2, 3, 4]
+    check_mask_and_denominator(ma)  # the S2T mask ran inside the actor worker and silenced tokens
+    for step in (1, 2, 3, 4):
+        assert -1.0 <= ma[step]["critic/score/min"] <= ma[step]["critic/score/max"] <= 1.0
+    assert "actor/stapo/collapse/entropy_z" in ma[3] and "actor/stapo/collapse/entropy_z" not in ma[2]
+    assert 0.0 <= ma[4]["val-core/math_dapo/acc/mean@1"] <= 1.0
+    cfg = run_config(a_dir)
     assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "stapo"
-    assert cfg.data.dataloader_num_workers == 0
-    # the rollout got the stop-token generation config the recipe wrote from the model's own files
-    gen_cfg = json.loads((run_dir / "ckpt" / "generation_config" / "generation_config.json").read_text())
+    assert cfg.actor_rollout_ref.rollout.full_determinism is True
+    gen_cfg = json.loads((a_dir / "ckpt" / "generation_config" / "generation_config.json").read_text())
     assert len(gen_cfg["eos_token_id"]) == len(set(gen_cfg["eos_token_id"])) == 2
+    assert (a_dir / "ckpt" / "global_step_2" / "stapo_driver_state.json").is_file()
 
-    ckpt = run_dir / "ckpt"
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert (ckpt / "global_step_2" / "actor").is_dir()
-    assert (run_dir / "plot.png").stat().st_size > 0
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 2
-    assert (run_dir / "train.log").stat().st_size > 0
+    with cpu_burner():
+        proc = recipe_process("tiny_cpu_stapo.sh", b_dir, *COMMAND, log=tmp_path / "b1.log")
+        tracker = b_dir / "ckpt" / "latest_checkpointed_iteration.txt"
+        try:
+            _wait_for(lambda: tracker.exists() and tracker.read_text().strip() == "2", proc, 900, "checkpoint 2")
+            _wait_for(lambda: _has_step_row(b_dir / "metrics.jsonl", 3), proc, 300, "step-3 row")
+        finally:
+            killed = kill_tree(proc.pid)
+        assert len(killed) > 5  # the shell, the launcher, Ray's head processes and workers
+        assert tracker.read_text().strip() == "2"  # killed between the checkpoints
+        assert max(r["step"] for r in _rows(b_dir / "stapo_tokens.dp0.jsonl")) >= 3  # rows to be replaced
+        half = b_dir / "ckpt" / "global_step_4" / "actor"
+        half.mkdir(parents=True, exist_ok=True)
+        (half / "model_world_size_1_rank_0.pt").write_bytes(b"half-written")  # never loaded
 
-    # resume: same run dir, one more step; verl loads global_step_2 and trains step 3 only
-    r2 = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, "trainer.total_training_steps=3", "trainer.test_freq=-1")
-    assert r2.returncode == 0, failure_text(run_dir, r2)
-    m2 = metrics_by_step(run_dir / "metrics.jsonl")
-    assert sorted(m2) == [3], sorted(m2)
-    assert "actor/stapo/num_masked" in m2[3]
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
-    assert len(list(run_dir.glob("metrics.*.jsonl"))) == 1  # the first invocation's metrics were kept
-    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 1  # this invocation only
+        rb = run_recipe("tiny_cpu_stapo.sh", b_dir, *COMMAND, timeout=900)
+    assert rb.returncode == 0, failure_text(b_dir, rb)
+    assert "(steps 3-4)" in rb.stdout  # resumed from global_step_2
+
+    mb = metrics_by_step(b_dir / "metrics.jsonl")
+    assert [r["step"] for r in _rows(b_dir / "metrics.jsonl")] == [1, 2, 3, 4]  # one row a step
+    assert reproducible(mb) == reproducible(ma)
+    assert (b_dir / "stapo_tokens.dp0.jsonl").read_bytes() == (a_dir / "stapo_tokens.dp0.jsonl").read_bytes()
+    val = [sorted(json.dumps({k: v for k, v in r.items() if k != "uid"}, sort_keys=True)
+                  for r in _rows(d / "val_generations" / "4.jsonl")) for d in (a_dir, b_dir)]
+    assert val[0] == val[1]  # verl names prompts by a random uuid4: the same rows, other uids
+    check_tensorboard({"dir": b_dir, "tb": event_accumulator(b_dir), "metrics": mb}, 4, tau_p=0.9)
+    assert json.loads((b_dir / "summary.json").read_text())["steps"] == 4
 
     # the same command again: the checkpoint is at the last step, so nothing runs and nothing is rewritten
-    before = {p.name: p.read_bytes() for p in (run_dir / "metrics.jsonl", run_dir / "wall.json", run_dir / "summary.json")}
-    r3 = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, "trainer.total_training_steps=3", timeout=240)
+    before = {p.name: p.read_bytes() for p in (b_dir / "metrics.jsonl", b_dir / "wall.json", b_dir / "summary.json")}
+    r3 = run_recipe("tiny_cpu_stapo.sh", b_dir, *COMMAND, timeout=240)
     assert r3.returncode == 0, r3.stderr[-3000:]
-    assert {name: (run_dir / name).read_bytes() for name in before} == before
-    assert len(list(run_dir.glob("metrics.*.jsonl"))) == 1
+    assert {name: (b_dir / name).read_bytes() for name in before} == before

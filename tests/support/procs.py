@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 #: the repository root and the tests directory (child jobs put ``tests/`` on ``PYTHONPATH`` to import ``support``)
@@ -25,3 +29,33 @@ def child_env(**overrides: str) -> dict[str, str]:
     env.setdefault("TORCHDYNAMO_DISABLE", "1")
     env.update(overrides)
     return env
+
+
+@contextlib.contextmanager
+def cpu_burner():
+    """A busy-looping Python process for the duration of the block (another CPU-bound job on the machine)."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def kill_tree(pid: int) -> list[int]:
+    """``kill -9`` a process and every process below it at once (the whole job: the recipe's shell, the launcher,
+    the Ray head it started and every Ray worker); returns the pids killed."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return []
+    procs = [root, *root.children(recursive=True)]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+    return [p.pid for p in procs]

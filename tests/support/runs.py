@@ -50,10 +50,39 @@ def run_config(run_dir: Path):
     return OmegaConf.load(run_dir / "hydra" / ".hydra" / "config.yaml")
 
 
-def check_mask_and_denominator(m: dict) -> None:
-    """Tokens were silenced, and the PG denominator is Σ K = valid − silenced − non-finite (one mini-batch a step)."""
-    assert m["actor/stapo/num_masked"] > 0
+def check_denominator(m: dict) -> None:
+    """The PG denominator of a step is Σ K = valid − silenced − non-finite (one mini-batch a step); without a
+    candidate nothing is silenced and the token mean is verl's own (factor 1)."""
+    if m["actor/stapo/num_candidates"] == 0:
+        assert m["actor/stapo/num_masked"] == 0 and m["actor/stapo/renorm_factor"] == 1.0
+        return
     n_valid = m["actor/stapo/num_candidates"] / m["actor/stapo/candidate_frac"]
     kept = n_valid - m["actor/stapo/num_masked"] - m["actor/stapo/nonfinite_tokens"]
     assert m["actor/policy_batch_num_tokens"] == pytest.approx(kept, abs=1e-6)
     assert m["actor/stapo/renorm_factor"] == pytest.approx(n_valid / kept)
+
+
+def check_mask_and_denominator(m: dict[int, dict]) -> None:
+    """Every step's denominator (:func:`check_denominator`), and the run silenced tokens (summed over its steps:
+    a step may have no candidate, e.g. step 1 of the tiny run, whose positive-advantage tokens all have p > 0.9)."""
+    for step in m:
+        check_denominator(m[step])
+    assert sum(m[step]["actor/stapo/num_masked"] for step in m) > 0, {s: m[s]["actor/stapo/num_masked"] for s in m}
+
+
+#: metrics that measure time, speed or memory (they differ between two runs of one command); every other key must not
+NON_REPRODUCIBLE = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", "perf/time_per_step",
+                    "actor/perf/")
+
+
+def reproducible(m: dict[int, dict]) -> dict[int, dict]:
+    """``metrics_by_step`` output without the keys of :data:`NON_REPRODUCIBLE`."""
+    return {step: {k: v for k, v in data.items() if not k.startswith(NON_REPRODUCIBLE)} for step, data in m.items()}
+
+
+def recipe_process(script: str, run_dir: Path, *overrides: str, log: Path, **env: str) -> subprocess.Popen:
+    """``bash recipes/<script>`` started in the background (its own session), output to ``log``."""
+    f = open(log, "w")
+    return subprocess.Popen(["bash", str(REPO / "recipes" / script), *overrides], cwd=REPO, stdout=f,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "STAPO_RUN_DIR": str(run_dir), **env})

@@ -20,6 +20,16 @@ def event_accumulator(run_dir: Path) -> EventAccumulator:
     return ea
 
 
+def ui_steps(run_dir: Path, *tags: str) -> dict[str, list[int]]:
+    """The steps of each tag as TensorBoard's UI shows them (its data provider reads with the plugin event
+    accumulator, which drops the events an interrupted invocation wrote at or after the next one's first step)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator as UIAccumulator
+
+    ea = UIAccumulator(str(run_dir / "tensorboard"), tensor_size_guidance={"scalars": 0, "text": 0})
+    ea.Reload()
+    return {tag: [e.step for e in ea.Tensors(tag)] for tag in tags}
+
+
 def cells(line: str) -> list[str]:
     """The cells of one markdown table row, unescaped (a backslash escapes the next character)."""
     inner, row, i = line[2:-2], [""], 0  # "| a | b |" → "a | b"
@@ -61,6 +71,10 @@ def check_tensorboard(run: dict, steps: int, tau_p: float) -> dict:
     with_silenced = {s for s in m if m[s]["actor/stapo/num_masked"] > 0}
     assert with_silenced, "no step silenced a token: no table to check"
     found = tables(ea, tau_p)
+    ui = ui_steps(run["dir"], "actor/stapo/tokens/text_summary", "actor/pg_loss")
+    table_steps, chart_steps = ui["actor/stapo/tokens/text_summary"], ui["actor/pg_loss"]
+    assert len(table_steps) == len(set(table_steps)), f"a step's table twice: {table_steps}"
+    assert chart_steps == sorted(m), f"steps of actor/pg_loss in TensorBoard: {chart_steps}"
     assert set(found) == with_silenced, (sorted(found), sorted(with_silenced), sorted(with_candidates))
     dump = dump_rows(run["dir"])
     key = lambda step, r: (step, *(int(r[c]) for c in ("minibatch", "dp_rank", "sample_index", "position")))  # noqa: E731

@@ -111,6 +111,30 @@ PATCHES: tuple[Patch, ...] = (
         source_sha256="82879aeff227214bcf355917b0105b2d2740e8c30457d921936aca38838a1e61",
     ),
     Patch(
+        symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer._save_checkpoint",
+        action="wrapped (trainer.wrap_save_checkpoint): writes the diagnostics' driver state (collapse windows) "
+        "into <default_local_dir>/global_step_<n>/stapo_driver_state.json before the body runs",
+        why="the collapse early-warning's running windows live on the trainer; without them a resumed run scores "
+        "differently from an uninterrupted one. The body writes latest_checkpointed_iteration.txt last and saves "
+        "into default_local_dir/global_step_<n>, hence the source hash",
+        upstream="none in the series: a checkpoint callback for driver-side state (verl's checkpoint_callback.on_save "
+        "has no load counterpart in 0.9.1)",
+        remove_when="when verl lets driver-side components save and load state with the trainer checkpoint",
+        signature="(self)",
+        source_sha256="fe53d9935ee20d695befacf07d9a7091e16550e12d72867c78a13e4595673c69",
+    ),
+    Patch(
+        symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer._load_checkpoint",
+        action="wrapped (trainer.wrap_load_checkpoint): after the body, reads stapo_driver_state.json of the folder "
+        "it resumed from",
+        why="the counterpart of the _save_checkpoint entry; the body sets global_steps from the folder name, hence "
+        "the source hash",
+        upstream="as the _save_checkpoint entry",
+        remove_when="as the _save_checkpoint entry",
+        signature="(self)",
+        source_sha256="686e8d6e0f6159310bfd25d39e41b2a71a57f8c0d421deffe35507a176b14ec9",
+    ),
+    Patch(
         symbol="verl.workers.engine.fsdp.transformer_impl.FSDPEngine.optimizer_step",
         action="wrapped on the engine instance for the duration of one TrainingWorker.train_batch call "
         "(engine_grads.reading_lm_head_grad_norm); reads the LM-head gradient right after it",
@@ -141,6 +165,55 @@ PATCHES: tuple[Patch, ...] = (
         remove_when="with the optimizer_step entries",
         signature="(self, data: TensorDict, loss_function: Callable) -> Any",
         source_sha256="624bdd4d515d8bf65a9b2d1b9718fae1b57a3dc2ed01c9b5da4a214e06f5cc38",
+    ),
+    Patch(
+        symbol="verl.experimental.agent_loop.agent_loop.AgentLoopWorker._run_agent_loop",
+        action="wrapped (determinism.wrap_run_agent_loop): with rollout.full_determinism, adds a per-request "
+        "'seed' to sampling_params",
+        why="verl 0.9.1 seeds every request with rollout.seed + replica_rank under full_determinism (the n samples "
+        "of a prompt are then one response) and none without it; the seed must depend on what the request is for "
+        "(step, train/validation, data source, row, sample number: stapo_verl.core.seeding), the only place that "
+        "knows all of them is this method (trajectory + session_id), and the body must pass sampling_params on "
+        "unchanged, hence the source hash",
+        upstream="none in the series (it is not STAPO's): a verl PR deriving SamplingParams.seed from the trajectory "
+        "info in AgentLoopWorker, replacing the constant seed in vLLMHttpServer.generate",
+        remove_when="when verl seeds each rollout request from its trajectory",
+        signature="(self, sampling_params: dict[str, Any], trajectory: dict[str, Any], *, agent_name: str, "
+        "trace: bool=True, **kwargs) -> _InternalAgentLoopOutput",
+        source_sha256="b374079bf2f017472626797a5e1f27928d1ce61c62fbbbb89162ce26134ee021",
+    ),
+    Patch(
+        symbol="verl.trainer.ppo.v1.agent_loop_tq.AgentLoopWorkerTQ._run_prompt",
+        action="relied on (not patched): passes session_id=i (the sample number) to _run_agent_loop",
+        why="the per-request seed reads session_id; a body that numbers samples differently would seed the n "
+        "samples of a prompt alike",
+        upstream="as the _run_agent_loop entry",
+        remove_when="with the _run_agent_loop entry",
+        signature="(self, prompt: dict, sampling_params: dict, trajectory: dict, trace: bool=False) -> None",
+        source_sha256="ba6ad1731dfba06427719f697275cdc703704a445c7fc8f0c6ef9742f63071bb",
+    ),
+    Patch(
+        symbol="verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._select_prompt_uids",
+        action="wrapped (determinism.wrap_select_prompt_uids): sampleable prompts passed in submission order "
+        "(self.prompt_global_steps, TransferQueue's key order) instead of as a set",
+        why="verl's stable sort by step breaks ties in set iteration order, which differs between processes",
+        upstream="none in the series: a verl PR sorting by (step, submission order)",
+        remove_when="when verl's ReplayBuffer selects and orders batches deterministically",
+        signature="(self, partition_id: str, sampleable_keys: set[str], batch_size: int) -> "
+        "tuple[list[str], dict[str, dict], dict[str, int]]",
+        source_sha256="eb9911d742bab112e0ce9911bbefdfcfdafec079c9c0d04788aa5164f51dc29d",
+    ),
+    Patch(
+        symbol="verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._materialize_batch",
+        action="wrapped (determinism.wrap_materialize_batch): the batch reordered by (prompt submission order, "
+        "session_id, output index) through KVBatchMeta.reorder",
+        why="verl materialises trajectories in the order they finished (timing), which decides the micro-batch "
+        "split and the summation order of the update",
+        upstream="as the _select_prompt_uids entry",
+        remove_when="as the _select_prompt_uids entry",
+        signature="(self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict[str, dict]) "
+        "-> KVBatchMeta",
+        source_sha256="ee811eb53021abd8cd7d09df02f977f05d8c0af78a28aff4151f73e4374cee9d",
     ),
     Patch(
         symbol="verl.utils.config.validate_config",
@@ -267,7 +340,8 @@ def install() -> None:
 
     Eager: the ``validate_config`` wrapper and the Hydra options. Lazy (post-import hooks, so loading the plugin
     imports neither the worker stack nor ``main_ppo``): the ``TrainingWorker`` and ``ppo_loss`` patches, the
-    ``run_ppo`` wrapper, the v1 trainer's ``_update_actor`` wrapper.
+    ``run_ppo`` wrapper, the v1 trainer's ``_update_actor`` wrapper, the rollout seeds and batch order
+    (:mod:`~stapo_verl.integration.verl_0_9_1.determinism`).
 
     Raises:
         IncompatibleVerlError: see :func:`check_verl`.
@@ -275,10 +349,12 @@ def install() -> None:
     check_verl()
     from stapo_verl.core import hydra_options, masks  # noqa: F401  (masks: registers the masks and loss_mode=stapo)
     from stapo_verl.integration.post_import import when_imported
-    from stapo_verl.integration.verl_0_9_1 import driver_config, trainer, training_worker
+    from stapo_verl.integration.verl_0_9_1 import determinism, driver_config, trainer, training_worker
 
     driver_config.install_validate_config()
     when_imported("verl.trainer.main_ppo", driver_config.patch_main_ppo)
     when_imported("verl.workers.engine_workers", training_worker.patch_engine_workers)
     when_imported("verl.trainer.ppo.v1.trainer_base", trainer.patch_trainer_base)
+    when_imported("verl.experimental.agent_loop.agent_loop", determinism.patch_agent_loop)
+    when_imported("verl.trainer.ppo.v1.replay_buffer", determinism.patch_replay_buffer)
     hydra_options.register()

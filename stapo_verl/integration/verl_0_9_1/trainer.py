@@ -1,5 +1,5 @@
-"""Driver-side patch of verl's v1 trainer: ``PPOTrainer._update_actor`` (ledger:
-:data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
+"""Driver-side patches of verl's v1 trainer: ``PPOTrainer._update_actor``, ``_save_checkpoint``, ``_load_checkpoint``
+(ledger: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
 
 verl 0.9.1's ``PPOTrainer._update_actor`` (``verl.trainer.ppo.v1.trainer_base``; inherited by the sync, colocated
 async and separate async trainers) calls ``self.actor_rollout_wg.update_actor(batch)`` once, then passes the
@@ -13,13 +13,18 @@ output's ``metrics`` through ``rename_dict`` and ``reduce_metrics`` (which avera
    and adds the collapse z-scores to the step's ``metrics`` (:class:`stapo_verl.diagnostics.driver.DriverDiagnostics`,
    kept on the trainer instance).
 
-Only when the run uses the plugin (``loss_mode=stapo`` or a ``token_mask``); otherwise verl's method runs unchanged.
+``_save_checkpoint`` / ``_load_checkpoint`` keep that driver state (the collapse windows) in verl's checkpoint folder
+(:data:`STATE_FILE`), so a resumed run continues the uninterrupted one.
+
+Only when the run uses the plugin (``loss_mode=stapo`` or a ``token_mask``); otherwise verl's methods run unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
 
 from stapo_verl.diagnostics.shipping import REQUEST_KEY, take_payloads
 
@@ -93,8 +98,77 @@ def wrap_update_actor(orig):
     return _update_actor
 
 
+#: the driver state's file inside verl's ``global_step_<n>`` checkpoint folder
+STATE_FILE = "stapo_driver_state.json"
+
+
+def _step_folder(trainer) -> str:
+    """``<trainer.default_local_dir>/global_step_<global_steps>``, the folder verl saves to and resumes from
+    (relative to the working directory, as ``PPOTrainer._load_checkpoint`` resolves it)."""
+    folder = trainer.config.trainer.default_local_dir
+    if not os.path.isabs(folder):
+        folder = os.path.join(os.getcwd(), folder)
+    return os.path.join(folder, f"global_step_{int(trainer.global_steps)}")
+
+
+def wrap_save_checkpoint(orig):
+    """``PPOTrainer._save_checkpoint`` replacement: write the diagnostics' driver state into the step folder first.
+
+    First, so that verl's ``latest_checkpointed_iteration.txt``, written last by the body, never points at a folder
+    without it; atomically (temporary file, then ``os.replace``).
+    """
+
+    @functools.wraps(orig)
+    def _save_checkpoint(self):
+        diagnostics = _diagnostics_of(self)
+        if diagnostics is not None:
+            folder = _step_folder(self)
+            os.makedirs(folder, exist_ok=True)
+            tmp = os.path.join(folder, STATE_FILE + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(diagnostics.state_dict(), f)
+            os.replace(tmp, os.path.join(folder, STATE_FILE))
+        return orig(self)
+
+    setattr(_save_checkpoint, _MARK, True)
+    return _save_checkpoint
+
+
+def wrap_load_checkpoint(orig):
+    """``PPOTrainer._load_checkpoint`` replacement: after verl resumed at ``global_steps`` > 0, restore the driver
+    state saved with that checkpoint (``resume_mode=resume_path`` reads ``trainer.resume_from_path``).
+
+    A checkpoint without the file (written without the plugin) starts the windows empty and says so on the console.
+    """
+
+    @functools.wraps(orig)
+    def _load_checkpoint(self):
+        out = orig(self)
+        diagnostics = _diagnostics_of(self)
+        if diagnostics is None or int(self.global_steps) == 0:
+            return out
+        folder = (self.config.trainer.resume_from_path if self.config.trainer.resume_mode == "resume_path"
+                  else _step_folder(self))
+        path = os.path.join(folder, STATE_FILE)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                diagnostics.load_state_dict(json.load(f))
+        else:
+            print(f"[stapo] {path} not found (checkpoint written without stapo-verl): the collapse early-warning "
+                  "starts with empty windows", flush=True)
+        return out
+
+    setattr(_load_checkpoint, _MARK, True)
+    return _load_checkpoint
+
+
 def patch_trainer_base(module) -> None:
-    """Post-import hook of ``verl.trainer.ppo.v1.trainer_base``: wrap ``PPOTrainer._update_actor`` (idempotent)."""
+    """Post-import hook of ``verl.trainer.ppo.v1.trainer_base``: wrap ``PPOTrainer._update_actor``,
+    ``_save_checkpoint`` and ``_load_checkpoint`` (idempotent)."""
     cls = module.PPOTrainer
     if not getattr(cls._update_actor, _MARK, False):
         cls._update_actor = wrap_update_actor(cls._update_actor)
+    if not getattr(cls._save_checkpoint, _MARK, False):
+        cls._save_checkpoint = wrap_save_checkpoint(cls._save_checkpoint)
+    if not getattr(cls._load_checkpoint, _MARK, False):
+        cls._load_checkpoint = wrap_load_checkpoint(cls._load_checkpoint)

@@ -170,13 +170,15 @@ def _padded_fields(masked) -> dict:
 def _dump(worker, config, data, padded, metrics, step, index, cursor) -> list[dict]:
     """Select, and append to this rank's JSONL, the mini-batch's token rows (``dump_tokens``); returns the rows.
     ``padded``: :func:`_padded_fields` of the mini-batch the mask ran on."""
-    from stapo_verl.minibatch.token_dump import append_jsonl, dump_path, minibatch_token_rows
+    from stapo_verl.minibatch.token_dump import append_jsonl, drop_rows_from, dump_path, minibatch_token_rows
 
     pl = config.policy_loss
     if not (pl.dump_tokens and _is_dump_writer(worker.engine)):
         return []
     batch = {key: padded[key] for key in S2T_FIELDS}
     dp_rank = worker.engine.get_data_parallel_rank()
+    # a resumed run trains again the steps after its checkpoint: their rows from the interrupted attempt go first
+    drop_rows_from(dump_path(pl.dump_dir, dp_rank), step, index)
     rows = minibatch_token_rows(
         data, batch, padded[POLICY_LOSS_MASK_KEY], config=config, step=step, minibatch=index,
         dp_rank=dp_rank, tokenizer=_tokenizer(worker), budget=pl.dump_max_rows_per_step - cursor.rows_dumped,

@@ -289,3 +289,45 @@ def test_generation_ends_at_an_id_of_the_configured_generation_config(base_like_
     stopped = _gen(_server_with(path, str(folder)), prompts[:1], temperature=0, max_tokens=8)[0].token_ids
     first = plain.index(plain[2])
     assert stopped == plain[: first + 1]  # the stop token is included, as vLLM returns it
+
+
+def test_seeded_request_samples_the_same_whatever_its_batch(tiny_model_dir):
+    """A request with a seed samples a function of (prompt, seed, weights): alone, in a batch of 6 in another order,
+    in a batch of 40 (above the 8-row floor) and in a batch of 3 (below it), tokens and log-probs are bit-identical.
+    Unseeded, the same request in a batch draws from the shared generator (what vLLM does without a seed)."""
+    from stapo_verl.cpu.rollout_server import HFGenerator
+
+    path, tok, prompts = tiny_model_dir
+    s = _server(path)
+    settings = SamplingSettings(temperature=1.0, logprobs=True)
+    gen = s.generator
+    assert gen.pad_to == PROMPT_LEN
+    alone = gen.generate(prompts[:1], [RESP_LEN], settings, [1234])[0]
+    many = (prompts * 7)[:40]
+    in_40 = gen.generate(many, [RESP_LEN] * 40, settings, [1234] + list(range(39)))[0]
+    in_6 = gen.generate(prompts[::-1], [RESP_LEN] * 6, settings, [5, 4, 3, 2, 1, 1234])[-1]
+    in_3 = gen.generate([prompts[2], prompts[0], prompts[1]], [RESP_LEN, 7, RESP_LEN], settings, [9, 1234, 8])[1]
+    assert in_40 == alone and in_6 == alone
+    assert in_3[0] == alone[0][:7] and in_3[1] == alone[1][:7]  # same draws, cut at its own limit
+    # the same seed twice in one batch: the same response; another seed: another one (for this prompt and model)
+    twice = gen.generate([prompts[0], prompts[0], prompts[0]], [RESP_LEN] * 3, settings, [1234, 1234, 99])
+    assert twice[0] == twice[1] == alone and twice[2][0] != alone[0]
+    # a ragged pad (pad_to=0) is not batch-invariant on this CPU: the same request alone and in a batch differ
+    ragged = HFGenerator(gen.model, sorted(gen.eos.tolist()), gen.pad_token_id, seed=0, pad_to=0)
+    lp_alone = ragged.generate(prompts[:1], [RESP_LEN], settings, [1234])[0][1]
+    lp_batch = ragged.generate(many, [RESP_LEN] * 40, settings, [1234] + list(range(39)))[0][1]
+    n = min(len(lp_alone), len(lp_batch))
+    assert lp_alone[:n] != lp_batch[:n]
+
+
+def test_server_honours_the_request_seed(tiny_model_dir):
+    path, _, prompts = tiny_model_dir
+    s = _server(path, seed=0)
+    s2 = _server(path, seed=7)  # another server seed: seeded requests do not depend on it
+    params = dict(temperature=1.0, top_p=1.0, top_k=-1, logprobs=True)
+    a = asyncio.run(s.generate(prompt_ids=prompts[0], sampling_params={**params, "seed": 42}, request_id="a"))
+    b = _gen(s2, [prompts[1], prompts[0], prompts[2]], **params, seed=42)[1]
+    assert (a.token_ids, a.log_probs) == (b.token_ids, b.log_probs)
+    for bad in (-1, 2**63, 1.5, "3", True):
+        with pytest.raises(ValueError, match="sampling_params\\['seed'\\]"):
+            asyncio.run(s.generate(prompt_ids=prompts[0], sampling_params={**params, "seed": bad}, request_id="x"))

@@ -102,14 +102,18 @@ def test_finished_tiny_run_is_not_run_again(tmp_path):
 
 def test_more_steps_in_any_hydra_spelling_train_on(tmp_path):
     """``++key=v`` (and a later override of the same key) mean to Hydra what they mean to verl; the recipe does not
-    read them itself. Training on keeps the earlier metrics.jsonl aside and writes the stop-token config first."""
+    read them itself. Training on keeps the run's metrics.jsonl rows up to the checkpoint and writes the stop-token
+    config first."""
     run, env = _finished_run(tmp_path, 20)
     proc = bash(["recipes/tiny_cpu_stapo.sh", "++trainer.total_training_steps=22"], env=env)
     assert proc.returncode == 0, proc.stderr
-    (main,) = calls(tmp_path / "calls")
-    assert main[2] == "verl.trainer.main_ppo" and main[-1] == "++trainer.total_training_steps=22"
+    (main,) = module_calls(tmp_path / "calls", "verl.trainer.main_ppo")
+    assert main[-1] == "++trainer.total_training_steps=22"
+    assert len(module_calls(tmp_path / "calls", "stapo_verl.plots")) == 1  # the report of the run's metrics
     assert "[stapo recipe] training" in proc.stdout and "(steps 21-22)" in proc.stdout
-    assert not (run / "metrics.jsonl").exists() and len(list(run.glob("metrics.*.jsonl"))) == 1
+    # the run's metrics stay one file: the checkpoint's steps kept, this invocation's rows (none: recorded) added
+    assert (run / "metrics.jsonl").read_text() == json.dumps({"step": 20, "data": {}}) + "\n"
+    assert not list(run.glob("metrics.*.jsonl"))
     gen = json.loads((run / "ckpt" / "generation_config" / "generation_config.json").read_text())
     assert len(gen["eos_token_id"]) == 2  # end of sequence and end of turn
     assert json.loads((run / "wall.json").read_text())["returncode"] == 0

@@ -56,3 +56,26 @@ def test_monitor_warns_on_entropy_and_lm_head_and_on_grad_norm_only_without_lm_h
     for step, h in enumerate([1.0, 1.1, 0.0], 1):
         z, lines = mon.observe(step, {"actor/entropy": h}, where="")
     assert z["actor/stapo/collapse/entropy_z"] < -5 and lines == []
+
+
+def test_saved_windows_continue_exactly():
+    """A monitor restored from another's state_dict (JSON round trip) scores the next steps exactly as the one that
+    was never interrupted: what a resume from a verl checkpoint needs."""
+    import json
+
+    signals = [{"actor/entropy": 0.5 + 0.1 * ((s * 7) % 5), "actor/grad_norm": 1.0 + 0.3 * ((s * 3) % 4)}
+               for s in range(12)]
+    whole = CollapseMonitor(window=4, warmup=3, threshold=2.0)
+    first = CollapseMonitor(window=4, warmup=3, threshold=2.0)
+    out_whole = [whole.observe(s, m, where="") for s, m in enumerate(signals)]
+    for s, m in enumerate(signals[:6]):
+        first.observe(s, m, where="")
+    resumed = CollapseMonitor(window=4, warmup=3, threshold=2.0)
+    resumed.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert [resumed.observe(s, m, where="") for s, m in enumerate(signals[6:], 6)] == out_whole[6:]
+    fresh = CollapseMonitor(window=4, warmup=3, threshold=2.0)
+    assert [fresh.observe(s, m, where="") for s, m in enumerate(signals[6:], 6)] != out_whole[6:]
+    with pytest.raises(ValueError, match="unknown signal 'x'"):
+        resumed.load_state_dict({"x": [1.0]})
+    with pytest.raises(ValueError, match="non-finite"):
+        resumed.load_state_dict({"actor/entropy": [float("nan")]})

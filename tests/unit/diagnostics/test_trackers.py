@@ -148,3 +148,40 @@ def test_every_line_break_in_a_context_stays_inside_its_table_row():
     assert len(lines) == 4 + 1 + len(ROWS)
     assert "x⏎y⏎z⏎w⏎v\\|u" in lines[4]
     assert trackers.one_line("a\r\nb\x85c") == "a⏎⏎b⏎c"
+
+
+def test_tensorboard_session_start_hides_an_interrupted_attempts_steps(tmp_path):
+    """Invocation 1 logs steps 1-4 (killed after its step-2 checkpoint); invocation 2 marks step 3 and logs 3-4
+    again: what TensorBoard's UI reads shows each step once, with invocation 2's values from step 3 on."""
+    import time
+    from types import SimpleNamespace
+
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+    from torch.utils.tensorboard import SummaryWriter
+
+    from stapo_verl.diagnostics.trackers import start_tensorboard_session
+
+    first = SummaryWriter(str(tmp_path))
+    # every invocation marks its first step: TensorBoard treats the first marker of a run as its start
+    assert start_tensorboard_session(SimpleNamespace(logger={"tensorboard": SimpleNamespace(writer=first)}), 1)
+    for step in (1, 2, 3, 4):
+        first.add_scalar("actor/pg_loss", float(step), step)
+        first.add_text("actor/stapo/tokens", f"attempt 1, step {step}", step)
+    first.close()
+    time.sleep(1.1)  # event files are named by the second they were opened in
+    second = SummaryWriter(str(tmp_path))
+    assert start_tensorboard_session(SimpleNamespace(logger={"tensorboard": SimpleNamespace(writer=second)}), 3)
+    for step in (3, 4):
+        second.add_scalar("actor/pg_loss", 10.0 * step, step)
+        second.add_text("actor/stapo/tokens", f"attempt 2, step {step}", step)
+    second.close()
+    # what TensorBoard's UI reads (its data provider uses the plugin event accumulator)
+    ea = EventAccumulator(str(tmp_path), tensor_size_guidance={"scalars": 0, "text": 0})
+    ea.Reload()
+    scalars = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in ea.Tensors("actor/pg_loss")]
+    assert scalars == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+    texts = [(e.step, tensor_util.make_ndarray(e.tensor_proto).item().decode())
+             for e in ea.Tensors("actor/stapo/tokens/text_summary")]
+    assert [t[0] for t in texts] == [1, 2, 3, 4] and texts[2][1] == "attempt 2, step 3"
+    assert not start_tensorboard_session(SimpleNamespace(logger={"console": object()}), 3)

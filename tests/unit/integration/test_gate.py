@@ -57,7 +57,10 @@ def test_fingerprints_of_missing_symbols_and_imports():
 
 
 def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
+    import verl.experimental.agent_loop.agent_loop as agent_loop
     import verl.trainer.main_ppo as main_ppo
+    import verl.trainer.ppo.v1.agent_loop_tq as agent_loop_tq
+    import verl.trainer.ppo.v1.replay_buffer as replay_buffer
     import verl.trainer.ppo.v1.trainer_base as trainer_base
     import verl.utils.config as verl_config
     import verl.workers.engine_workers as engine_workers
@@ -69,7 +72,13 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
     assert engine_workers.ppo_loss is core_losses.ppo_loss
     assert getattr(verl_config.validate_config, mark, False)
     assert getattr(main_ppo.run_ppo, mark, False)
-    assert getattr(trainer_base.PPOTrainer._update_actor, mark, False)
+    for name in ("_update_actor", "_save_checkpoint", "_load_checkpoint"):
+        assert getattr(getattr(trainer_base.PPOTrainer, name), mark, False), name
+    assert getattr(agent_loop.AgentLoopWorker._run_agent_loop, mark, False)
+    assert "_run_agent_loop" not in vars(agent_loop_tq.AgentLoopWorkerTQ)  # the TQ worker inherits the wrapper
+    for name in ("_select_prompt_uids", "_materialize_batch"):
+        assert getattr(getattr(replay_buffer.ReplayBuffer, name), mark, False), name
+        assert name not in vars(replay_buffer.ReplayBufferAsync)
     # the engines' optimizer_step is wrapped per instance during one train_batch call only: the classes are verl's
     assert "optimizer_step" in vars(FSDPEngine) and "optimizer_step" in vars(MegatronEngine)
     assert not getattr(FSDPEngine.optimizer_step, mark, False) and not getattr(MegatronEngine.optimizer_step, mark,
@@ -81,6 +90,12 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
         "verl.workers.engine_workers.ppo_loss",
         "verl.workers.utils.losses.ppo_loss",
         "verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor",
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._save_checkpoint",
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._load_checkpoint",
+        "verl.experimental.agent_loop.agent_loop.AgentLoopWorker._run_agent_loop",
+        "verl.trainer.ppo.v1.agent_loop_tq.AgentLoopWorkerTQ._run_prompt",
+        "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._select_prompt_uids",
+        "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._materialize_batch",
         "verl.workers.engine.fsdp.transformer_impl.FSDPEngine.optimizer_step",
         "verl.workers.engine.megatron.transformer_impl.MegatronEngine.optimizer_step",
         "verl.workers.engine.base.BaseEngine.train_batch",

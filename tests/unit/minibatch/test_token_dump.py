@@ -134,3 +134,21 @@ def test_global_step_from_the_batch():
     for bad in (torch.tensor([]), [None], None):
         with pytest.raises(ValueError, match="global_steps"):
             global_step_of(bad)
+
+
+def test_rows_of_an_interrupted_attempt_are_replaced(tmp_path):
+    """drop_rows_from removes the rows at or after (step, minibatch), keeps the earlier ones byte for byte, drops a
+    torn last line, and leaves the file alone when it ends earlier."""
+    path = str(tmp_path / "stapo_tokens.dp0.jsonl")
+    assert token_dump.drop_rows_from(path, 1, 0) == 0  # no file yet
+    rows = [{"step": s, "minibatch": m, "token": f"t{s}{m}"} for s in (1, 2, 3) for m in (0, 1)]
+    token_dump.append_jsonl(path, rows)
+    before = open(path, encoding="utf-8").read()
+    assert token_dump.drop_rows_from(path, 4, 0) == 0 and open(path, encoding="utf-8").read() == before
+    assert token_dump.drop_rows_from(path, 2, 1) == 3
+    kept = [json.loads(x) for x in open(path, encoding="utf-8")]
+    assert [(r["step"], r["minibatch"]) for r in kept] == [(1, 0), (1, 1), (2, 0)]
+    with open(path, "a", encoding="utf-8") as f:
+        f.write('{"step": 2, "minib')  # a writer killed mid-line
+    assert token_dump.drop_rows_from(path, 2, 1) == 1
+    assert [json.loads(x)["step"] for x in open(path, encoding="utf-8")] == [1, 1, 2]

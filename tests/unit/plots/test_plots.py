@@ -212,7 +212,7 @@ def test_malformed_dump_line_names_file_and_line(tmp_path):
 
 
 def test_report_covers_only_this_invocation(run):
-    # an earlier invocation in the same run dir (the recipe renames it metrics.<ts>.jsonl): 20 other steps
+    # an earlier run in the same run dir, started afresh (the recipe renames it metrics.<ts>.jsonl): 20 other steps
     old = "".join(json.dumps({"step": s, "data": {"actor/pg_loss": 0.0, "critic/score/mean": 1.0,
                                                   "actor/stapo/num_masked": 100.0}}) + "\n" for s in range(4, 24))
     (run / "metrics.1700000000.jsonl").write_text(old)

@@ -1,0 +1,106 @@
+"""End to end: the tiny recipe on a Ray cluster started the way production clusters start — ``ray start --head`` on
+one node, ``ray start --address=…`` on another (here: two Ray nodes on this machine, each with its own temp dir and
+one virtual GPU), then the recipe with ``RAY_ADDRESS``, ``NNODES=2``, ``GPUS_PER_NODE=1`` (recipes/slurm/ does the
+same on Slurm).
+
+What it checks: verl places one FSDP worker on each node (DP = 2); the plugin is loaded in both (each writes its
+rank's token dump); the S2T threshold τ_h is global over DP (both ranks' rows carry the same τ_h); the token tables
+reach the driver's TensorBoard with rows of both ranks; the job ends with exit 0 and leaves the cluster alive. The
+recipe starts no Ray of its own here, so everything a worker needs (``VERL_PLATFORM=cpu``, the trackers' paths, the
+thread counts) must reach the second node through ``ray_init.runtime_env``, which this run depends on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from support.procs import free_port, kill_tree
+from support.runs import SMALL, failure_text, metrics_by_step, run_recipe
+from support.trackers import event_accumulator, tables
+
+PL = "actor_rollout_ref.actor.policy_loss"
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def _start_node(args: list[str], temp_dir: str) -> subprocess.Popen:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=4", "--num-gpus=1",
+                             f"--temp-dir={temp_dir}", "--disable-usage-stats", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+
+
+def _alive_nodes(address: str) -> int:
+    code = ("import ray; ray.init(address=%r, logging_level='ERROR'); "
+            "print(sum(n['Alive'] for n in ray.nodes()))") % address
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
+
+
+def _worker_nodes(address: str) -> list[str]:
+    """Node ids of the FSDP workers (verl's ``WorkerDict`` actors) the job ran, alive or dead."""
+    code = ("import ray, json; from ray.util.state import list_actors; ray.init(address=%r, logging_level='ERROR'); "
+            "print(json.dumps([a.node_id for a in list_actors(limit=1000, detail=True) "
+            "if a.class_name.endswith('WorkerDict')]))") % address
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def two_node_cluster():
+    # short temp dirs: Ray's socket paths must stay under the OS limit of 107 characters
+    dirs = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
+    address = f"127.0.0.1:{free_port()}"
+    nodes = [_start_node(["--head", f"--port={address.split(':')[1]}", "--include-dashboard=false"], dirs[0])]
+    try:
+        deadline = time.monotonic() + 120
+        while _alive_nodes(address) < 1:
+            assert time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(1)
+        nodes.append(_start_node([f"--address={address}"], dirs[1]))
+        while _alive_nodes(address) < 2:
+            assert time.monotonic() < deadline, "the second Ray node did not join"
+            time.sleep(1)
+        yield address
+    finally:
+        for proc in nodes[::-1]:
+            kill_tree(proc.pid)
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def test_tiny_recipe_on_a_two_node_ray_cluster(tmp_path, two_node_cluster):
+    address, run_dir = two_node_cluster, tmp_path / "run"
+    r = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, "trainer.total_training_steps=2", "trainer.test_freq=-1",
+                   "trainer.save_freq=-1", f"{PL}.tau_p=0.9", f"{PL}.dump_every=1", timeout=900,
+                   RAY_ADDRESS=address, NNODES="2", GPUS_PER_NODE="1")
+    assert r.returncode == 0, failure_text(run_dir, r)
+    assert f"using the existing Ray cluster at RAY_ADDRESS={address}" in r.stderr + r.stdout
+
+    nodes = _worker_nodes(address)
+    assert len(nodes) == 2 and len(set(nodes)) == 2, nodes  # one FSDP worker on each node
+    m = metrics_by_step(run_dir / "metrics.jsonl")
+    assert sorted(m) == [1, 2]
+    silenced_steps = [s for s in m if m[s]["actor/stapo/num_masked"] > 0]
+    assert silenced_steps, {s: m[s]["actor/stapo/num_masked"] for s in m}
+    rows = {rank: [json.loads(x) for x in (run_dir / f"stapo_tokens.dp{rank}.jsonl").read_text().splitlines()]
+            for rank in (0, 1)}
+    for step in silenced_steps:
+        # both ranks applied the mask with the threshold of the whole DP group: the same τ_h, the logged one
+        tau = {r["tau_h"] for rank in (0, 1) for r in rows[rank] if r["step"] == step}
+        assert len(tau) == 1 and tau.pop() == pytest.approx(m[step]["actor/stapo/tau_h"]), (step, tau)
+    found = tables(event_accumulator(run_dir), tau_p=0.9)
+    assert set(found) == set(silenced_steps)
+    assert {r["dp_rank"] for step in found for r in found[step]} == {"0", "1"}  # gathered from both nodes
+    assert _alive_nodes(address) == 2  # the job ended without taking the cluster down
