@@ -29,7 +29,7 @@ TABLES = ["actor_rollout_ref.actor.policy_loss.dump_every=1"]
 def test_tiny_stapo_on_megatron_tp2_two_steps_then_resume(tmp_path):
     run_dir = tmp_path / "run"
     r = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, *GSPO, *TABLES, "trainer.total_training_steps=2",
-                   "trainer.test_freq=2", "trainer.save_freq=2", timeout=720, ENGINE="megatron")
+                   "trainer.test_freq=2", "trainer.save_freq=2", timeout=900, ENGINE="megatron")
     assert r.returncode == 0, failure_text(run_dir, r)
     cfg = run_config(run_dir)
     assert cfg.model_engine == "megatron" and cfg.actor_rollout_ref.actor.strategy == "megatron"
@@ -57,7 +57,7 @@ def test_tiny_stapo_on_megatron_tp2_two_steps_then_resume(tmp_path):
     assert (ckpt / "global_step_2" / "actor").is_dir()
 
     r2 = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, *GSPO, "trainer.total_training_steps=3",
-                    "trainer.test_freq=-1", "trainer.save_freq=3", timeout=720, ENGINE="megatron")
+                    "trainer.test_freq=-1", "trainer.save_freq=3", timeout=900, ENGINE="megatron")
     assert r2.returncode == 0, failure_text(run_dir, r2)
     m2 = metrics_by_step(run_dir / "metrics.jsonl")
     assert sorted(m2) == [1, 2, 3], sorted(m2)  # resumed from global_step_2: step 3 joins the run's metrics

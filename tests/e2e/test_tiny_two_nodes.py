@@ -3,7 +3,7 @@ one node, ``ray start --address=…`` on another (here: two Ray nodes on this ma
 one virtual GPU), then the recipe with ``RAY_ADDRESS``, ``NNODES=2``, ``GPUS_PER_NODE=1`` (recipes/slurm/ does the
 same on Slurm).
 
-What it checks: verl places one FSDP worker on each node (DP = 2); the plugin is loaded in both (each writes its
+What it checks: verl places an FSDP worker on each node (DP = 2); the plugin is loaded in both (each writes its
 rank's token dump); the S2T threshold τ_h is global over DP (both ranks' rows carry the same τ_h); the token tables
 reach the driver's TensorBoard with rows of both ranks; the job ends with exit 0 and leaves the cluster alive. The
 recipe starts no Ray of its own here, so everything a worker needs (``VERL_PLATFORM=cpu``, the trackers' paths, the
@@ -30,10 +30,15 @@ PL = "actor_rollout_ref.actor.policy_loss"
 RAY = str(Path(sys.executable).parent / "ray")
 
 
+#: logical CPUs a node declares: verl's placement group takes 3 a node, and the TaskRunner, TransferQueue and reward
+#: actors land wherever there is room; with 4 a node the second placement group could find none and wait forever
+NODE_CPUS = 8
+
+
 def _start_node(args: list[str], temp_dir: str) -> subprocess.Popen:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=4", "--num-gpus=1",
+    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={NODE_CPUS}", "--num-gpus=1",
                              f"--temp-dir={temp_dir}", "--disable-usage-stats", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
 
@@ -46,15 +51,11 @@ def _alive_nodes(address: str) -> int:
     return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
 
 
-def _worker_nodes(address: str) -> list[str]:
-    """Node ids of the FSDP workers (verl's ``WorkerDict`` actors) the job ran, alive or dead."""
-    code = ("import ray, json; from ray.util.state import list_actors; ray.init(address=%r, logging_level='ERROR'); "
-            "print(json.dumps([a.node_id for a in list_actors(limit=1000, detail=True) "
-            "if a.class_name.endswith('WorkerDict')]))") % address
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "RAY_AUTH_MODE": "disabled"})
-    assert out.returncode == 0, out.stderr[-2000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def _actor_log_count(temp_dir: str, class_name: str) -> int:
+    """How many worker logs of a Ray node name ``class_name`` as their actor (Ray starts each actor's ``.out`` log
+    with ``:actor_name:<class>``); the node's logs live under its own ``--temp-dir``."""
+    logs = Path(temp_dir).glob("session_*/logs/worker-*.out")
+    return sum(f":actor_name:{class_name}" in p.read_text(errors="replace")[:4096] for p in logs)
 
 
 @pytest.fixture
@@ -72,7 +73,7 @@ def two_node_cluster():
         while _alive_nodes(address) < 2:
             assert time.monotonic() < deadline, "the second Ray node did not join"
             time.sleep(1)
-        yield address
+        yield address, dirs
     finally:
         for proc in nodes[::-1]:
             kill_tree(proc.pid)
@@ -81,15 +82,16 @@ def two_node_cluster():
 
 
 def test_tiny_recipe_on_a_two_node_ray_cluster(tmp_path, two_node_cluster):
-    address, run_dir = two_node_cluster, tmp_path / "run"
+    (address, dirs), run_dir = two_node_cluster, tmp_path / "run"
     r = run_recipe("tiny_cpu_stapo.sh", run_dir, *SMALL, "trainer.total_training_steps=2", "trainer.test_freq=-1",
                    "trainer.save_freq=-1", f"{PL}.tau_p=0.9", f"{PL}.dump_every=1", timeout=900,
                    RAY_ADDRESS=address, NNODES="2", GPUS_PER_NODE="1")
     assert r.returncode == 0, failure_text(run_dir, r)
     assert f"using the existing Ray cluster at RAY_ADDRESS={address}" in r.stderr + r.stdout
 
-    nodes = _worker_nodes(address)
-    assert len(nodes) == 2 and len(set(nodes)) == 2, nodes  # one FSDP worker on each node
+    # verl's colocated FSDP workers (WorkerDict actors) ran on both nodes, as many on each
+    counts = [_actor_log_count(d, "WorkerDict") for d in dirs]
+    assert counts[0] == counts[1] >= 1, counts
     m = metrics_by_step(run_dir / "metrics.jsonl")
     assert sorted(m) == [1, 2]
     silenced_steps = [s for s in m if m[s]["actor/stapo/num_masked"] > 0]
