@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -108,6 +109,7 @@ def main() -> int:
                             env={**os.environ, "STAPO_RUN_DIR": str(run_dir)})
     rss: dict[int, dict[str, float]] = {}
     metrics_path = run_dir / "metrics.jsonl"
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` runs the finally below too
     try:
         with open(run_dir / "rss.jsonl", "w") as out:
             while proc.poll() is None:

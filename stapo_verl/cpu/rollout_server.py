@@ -1,10 +1,11 @@
 """Token-in/token-out generation server on CPU with Hugging Face ``transformers``.
 
-Mirrors the server half of verl's vLLM backend (``verl/workers/rollout/vllm_rollout/vllm_async_server.py``:
-``generate`` at 558-758, control methods at 832-926) without HTTP/ZMQ: a Ray actor holds its own HF copy of
-the policy, samples with its own loop (so the returned log-probs are exactly ``log_softmax`` of the
-processed logits), micro-batches concurrent requests that share sampling settings, and takes new weights
-through the Ray object store (:meth:`CPURolloutServer.update_weights`).
+Mirrors the server half of verl's vLLM backend (``verl.workers.rollout.vllm_rollout.vllm_async_server.vLLMHttpServer``:
+``generate`` and the control methods) without HTTP/ZMQ: a Ray actor holds its own HF copy of the policy, samples
+with its own loop (so the returned log-probs are exactly ``log_softmax`` of the processed logits), micro-batches
+concurrent requests that share sampling settings, and takes new weights through the Ray object store
+(:meth:`CPURolloutServer.update_weights`). A request with a ``seed`` (vLLM's per-request seed) samples the same
+whatever it is batched with (:class:`HFGenerator`).
 """
 
 from __future__ import annotations
@@ -171,8 +172,8 @@ class HFGenerator:
     Measured on this project's CPUs (torch 2.13, fp32, 1 and 2 threads): with a ragged pad (the longest prompt of
     the batch) CPU SDPA reduces over a different number of columns, and ``F.linear`` takes other kernels for fewer
     than 8 rows (1-3 rows on one thread, 1-7 on two), each moving a row's logits by about 1e-6, enough to flip a
-    sampled token; from 8 to 1,024 rows the results were bit-identical. Together with a per-request seed this makes what
-    a request samples a function of its prompt, its seed and the weights alone, as vLLM's batch-invariant mode
+    sampled token; from 8 to 1,024 rows the results were bit-identical. Together with a per-request seed this makes
+    what a request samples a function of its prompt, its seed and the weights alone, as vLLM's batch-invariant mode
     with ``SamplingParams.seed`` does on GPUs.
 
     Args:

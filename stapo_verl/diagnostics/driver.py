@@ -48,7 +48,7 @@ class DriverDiagnostics:
                                            threshold=pl.collapse_z_threshold))
 
     def state_dict(self) -> dict:
-        """What a checkpoint keeps of the driver state (JSON-serialisable): the collapse windows, the last table step."""
+        """What a checkpoint keeps of the driver state (JSON-serialisable): collapse windows, last table step."""
         return {"collapse_windows": self.monitor.state_dict(), "last_table_step": self.last_table_step}
 
     def load_state_dict(self, state: dict) -> None:

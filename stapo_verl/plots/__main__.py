@@ -9,7 +9,8 @@
 
 ``report`` covers the steps of one metrics file: ``--metrics`` defaults to ``RUN_DIR/metrics.jsonl`` (the whole run
 with the tiny recipes, which merge its invocations and keep an earlier run's file as ``metrics.<ts>.jsonl``; verl's
-file logger alone truncates it when an invocation starts), ``--tokens`` to ``RUN_DIR/**/stapo_tokens.dp*.jsonl``, ``--val-generations`` to
+file logger alone truncates it when an invocation starts), ``--tokens`` to ``RUN_DIR/**/stapo_tokens.dp*.jsonl``,
+``--val-generations`` to
 ``RUN_DIR/val_generations`` (verl's ``trainer.validation_data_dir``; needed for standard errors). Exit code 2 with
 a one-line message on a missing or malformed file.
 """

@@ -39,8 +39,9 @@ from support.trackers import check_tensorboard, event_accumulator
 
 PL = "actor_rollout_ref.actor.policy_loss"
 #: τ_p = 0.9 makes many tokens of positive-advantage responses candidates (at the recipe's 0.1 this 8 x 4 batch has
-#: none at steps 1-2; at 0.9, steps 2-4 silence 1, 11 and 8 tokens on this project's machines); a 2-step collapse warm-up gives z-scores at steps 3
-#: and 4, which a resume reproduces only with the restored windows; a token table every step
+#: none at steps 1-2; at 0.9, steps 2-4 silence 1, 11 and 8 tokens on this project's machines); a 2-step collapse
+#: warm-up gives z-scores at steps 3 and 4, which a resume reproduces only with the restored windows; a token table
+#: every step
 COMMAND = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=4", f"{PL}.tau_p=0.9",
            f"{PL}.collapse_warmup_steps=2", f"{PL}.dump_every=1"]
 

@@ -38,7 +38,8 @@ NODE_CPUS = 8
 def _start_node(args: list[str], temp_dir: str) -> subprocess.Popen:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={NODE_CPUS}", "--num-gpus=1",
+    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={NODE_CPUS}",
+                             "--num-gpus=1",
                              f"--temp-dir={temp_dir}", "--disable-usage-stats", *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
 
