@@ -8,7 +8,7 @@ reward workers. Step time is verl's ``timing_s/step``.
 
 What it prints, for step ``--early`` (default 20, after warm-up) and the last step: RSS per role and its growth in
 per cent, and the median step time of the 10 steps before each with its interquartile range. The leak this guards
-against is the kind of verl issue 4002 (https://github.com/volcengine/verl/issues/4002): a loss that keeps
+against was reported to verl (https://github.com/volcengine/verl/issues/4002): a loss that keeps
 ``model_output`` alive across micro-batches grows the worker's memory every step; the plugin's copied ``ppo_loss``,
 its token dump and the diagnostics' buffers must not bring it back. Growth ≤ 5 % after warm-up is the target.
 

@@ -62,7 +62,7 @@ def _actor_log_count(temp_dir: str, class_name: str) -> int:
 @pytest.fixture
 def two_node_cluster():
     # short temp dirs: Ray's socket paths must stay under the OS limit of 107 characters
-    dirs = [tempfile.mkdtemp(prefix="rh", dir="/tmp"), tempfile.mkdtemp(prefix="rw", dir="/tmp")]
+    dirs = [tempfile.mkdtemp(prefix="rh"), tempfile.mkdtemp(prefix="rw")]  # the system temp dir, not pytest's
     address = f"127.0.0.1:{free_port()}"
     nodes = [_start_node(["--head", f"--port={address.split(':')[1]}", "--include-dashboard=false"], dirs[0])]
     try:
