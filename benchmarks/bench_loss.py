@@ -6,7 +6,7 @@ Shape: Qwen3-8B output layer (hidden 4096 → vocab 151,936), ``--tokens`` respo
 * ``stapo``  : what the default route (``stats_source=old_policy``) adds to an update — the S2T mask from the
   old-policy log-prob/entropy over the mini-batch (:func:`stapo_verl.core.losses.apply_policy_token_mask`,
   O(tokens), no entropy in the update) — then the same forward, verl's vanilla loss on the kept tokens
-  (:func:`stapo_verl.core.losses.compute_masked_policy_loss`) and backward.
+  (as :func:`stapo_verl.core.losses.ppo_loss` calls it) and backward.
 
 Design (the difference measured is far below run-to-run noise, so the noise is what this script controls):
 
@@ -100,14 +100,22 @@ def _s2t_mask(b, cfg):
 
 
 def _loss(fn, cfg, variant, b, log_prob, mask, num_tokens):
-    """verl's policy loss; for ``stapo`` on the kept tokens only, as the plugin's ``ppo_loss`` calls it."""
-    from stapo_verl.core.losses import compute_masked_policy_loss
+    """verl's policy loss; for ``stapo`` on the kept tokens only, as the plugin's ``ppo_loss`` calls it: inputs
+    zeroed outside the mask, ``response_mask`` := K, and a shallow copy of the config whose
+    ``global_batch_info["batch_num_tokens"]`` is Σ K."""
+    import copy
 
-    kw = dict(old_log_prob=b["old"], log_prob=log_prob, advantages=b["adv"], loss_agg_mode="token-mean", config=cfg)
+    import torch
+
+    rm = b["mask"].bool()
+    kw = dict(old_log_prob=b["old"], log_prob=log_prob, advantages=b["adv"])
     if variant != "stapo":
-        return fn(response_mask=b["mask"].bool(), **kw)
-    return compute_masked_policy_loss(fn, policy_loss_mask=mask, policy_batch_num_tokens=num_tokens,
-                                      response_mask=b["mask"].bool(), **kw)
+        return fn(response_mask=rm, loss_agg_mode="token-mean", config=cfg, **kw)
+    keep = rm & mask.bool()
+    pg_cfg = copy.copy(cfg)
+    object.__setattr__(pg_cfg, "global_batch_info", {**cfg.global_batch_info, "batch_num_tokens": max(num_tokens, 1)})
+    kw = {key: torch.where(keep, value, 0.0) for key, value in kw.items()}
+    return fn(response_mask=keep, loss_agg_mode="token-mean", config=pg_cfg, **kw)
 
 
 def _current_rss_bytes():

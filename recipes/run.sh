@@ -13,7 +13,7 @@
 #   --dry-run          compose + validate the config with verl 0.9.1 on this machine (no GPU, Ray,
 #                      weights or data needed) and print the key settings; exit non-zero on any error.
 #   --print-overrides  print the Hydra overrides, one a line, and exit (no Python for the GPU sizes).
-#   Hydra overrides go last and win; only Hydra interprets them (the recipe never parses them).
+#   Hydra overrides go last and win; the recipe reads only token_mask among them (tiny dump: S2T masks only).
 #
 # Environment (defaults in recipes/common/base.sh): MODEL_PATH DATA_DIR CKPT_DIR NNODES GPUS_PER_NODE
 # PROJECT_NAME EXP_NAME TOTAL_STEPS TOTAL_EPOCHS PRECISION(bf16|fp8) ENGINE(megatron|fsdp) ACTOR_TP
@@ -62,7 +62,7 @@ if [[ $SIZE == tiny ]]; then
     source "$RECIPES_DIR/common/cpu.sh"
     stapo_cpu_setup "$METHOD"
 fi
-stapo_build_overrides "$SIZE" "$METHOD"
+stapo_build_overrides "$SIZE" "$METHOD" ${EXTRA[@]+"${EXTRA[@]}"}
 if [[ $SIZE == tiny ]]; then
     stapo_cpu_overrides
 fi

@@ -12,4 +12,10 @@ Importing this package imports neither verl nor torch. The parts:
   :mod:`stapo_verl.launch`.
 """
 
-__version__ = "0.2.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    # The one version number lives in setup.cfg; the installed distribution's metadata carries it.
+    __version__ = version("stapo-verl")
+except PackageNotFoundError:  # a source tree that was never installed (pip install -e .)
+    __version__ = "0+unknown"

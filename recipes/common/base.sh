@@ -27,6 +27,9 @@ declare -A STAPO_METHOD_MASK=(
     [stapo_full_mask]=s2t_full
     [top_entropy]=top_entropy
 )
+# The plugin's S2T-family masks (stapo_verl.core.masks.S2T_TOKEN_MASKS; a unit test keeps the two equal): the ones
+# the silenced-token dump (policy_loss.dump_tokens) works with.
+STAPO_S2T_MASKS=(s2t s2t_high_entropy s2t_random s2t_full)
 STAPO_PRECISIONS=(bf16 fp8)
 STAPO_ENGINES=(megatron fsdp)
 
@@ -101,9 +104,12 @@ stapo_size_defaults() {
             actor_rollout_ref.rollout.calculate_log_probs=True
             trainer.max_actor_ckpt_to_keep=2
         )
-        # The silenced-token dump (stapo_verl/minibatch/token_dump.py) is on for the S2T methods of the tiny run;
-        # `method` is stapo_build_overrides' local (bash scoping). STAPO_DUMP_TOKENS=0 turns it off.
-        if stapo_is_true "${STAPO_DUMP_TOKENS:-1}" && [[ ${method:-} == stapo* ]]; then
+        # The silenced-token dump (stapo_verl/minibatch/token_dump.py) is on for the S2T methods of the tiny run, as
+        # long as the run's mask is an S2T mask (a user override token_mask=<your mask> turns it off: the dump
+        # records S2T candidates). `method` and `token_mask` are stapo_build_overrides' locals (bash scoping).
+        # STAPO_DUMP_TOKENS=0 turns it off.
+        if stapo_is_true "${STAPO_DUMP_TOKENS:-1}" && [[ ${method:-} == stapo* ]] &&
+            stapo_in_list "${token_mask:-}" "${STAPO_S2T_MASKS[@]}"; then
             STAPO_SIZE_OVERRIDES+=(actor_rollout_ref.actor.policy_loss.dump_tokens=True)
         fi
         # <<< tiny size
@@ -448,9 +454,37 @@ stapo_precision_overrides() {
 }
 
 # ---------------------------------------------------------------------------------------------------
-# Build the full override list for <size> <method> into STAPO_OVERRIDES.
+# stapo_token_mask <method> [user overrides...]: the policy_loss.token_mask the run ends up with (empty for none):
+# the method's (stapo: s2t), unless a user override sets actor_rollout_ref.actor.policy_loss.token_mask (with or
+# without +/++; the last one wins, as in Hydra). The only key the recipe reads from the user's overrides.
+stapo_token_mask() {
+    local method=$1 mask arg
+    shift
+    if [[ $method == stapo ]]; then
+        mask=s2t
+    else
+        mask=${STAPO_METHOD_MASK[$method]:-}
+    fi
+    for arg in "$@"; do
+        case $arg in
+        actor_rollout_ref.actor.policy_loss.token_mask=* | +actor_rollout_ref.actor.policy_loss.token_mask=* | \
+            ++actor_rollout_ref.actor.policy_loss.token_mask=*)
+            mask=${arg#*=}
+            mask=${mask//[\"\']/}
+            ;;
+        esac
+    done
+    [[ $mask == null ]] && mask=
+    echo "$mask"
+}
+
+# ---------------------------------------------------------------------------------------------------
+# Build the full override list for <size> <method> into STAPO_OVERRIDES. The user's overrides, when given, are
+# only read for the token mask (stapo_token_mask); the caller appends them last.
 stapo_build_overrides() {
-    local size=$1 method=$2
+    local size=$1 method=$2 token_mask
+    shift 2
+    token_mask=$(stapo_token_mask "$method" "$@")
     stapo_in_list "$size" "${STAPO_SIZES[@]}" || stapo_die "unknown size '$size' (allowed: ${STAPO_SIZES[*]})"
     stapo_in_list "$method" "${STAPO_METHODS[@]}" ||
         stapo_die "unknown method '$method' (allowed: ${STAPO_METHODS[*]})"

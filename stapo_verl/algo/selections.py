@@ -1,9 +1,10 @@
 """The paper's ablations of the S2T selection, and the 20-Entropy selection (pure tensor code, torch only).
 
-Each ablation is a :data:`stapo_verl.algo.s2t.CandidateSelection`: given the entropies of the whole candidate
-population P (gathered over the data-parallel group, in rank order), it says which candidates to silence. They plug
-into :func:`stapo_verl.algo.s2t.s2t_keep_mask` (``select=``), so population, counting and renormalisation are the
-S2T mask's. Source: STAPO paper (arXiv 2602.15620) §4.4 (masking-strategy ablation) and JustRL-FullMask.
+Each ablation is a :data:`CandidateSelection`: given the entropies of the whole candidate population P (gathered over
+the data-parallel group, in rank order), it says which candidates to silence. :func:`s2t_ablation_keep_mask` applies
+one with the S2T mask's own candidates, gathering and metrics (:mod:`stapo_verl.algo.s2t`), so population, counting
+and renormalisation are the S2T mask's. Source: STAPO paper (arXiv 2602.15620) §4.4 (masking-strategy ablation) and
+JustRL-FullMask. These stay in the plugin; the upstream series carries the S2T mask only.
 
 :func:`top_entropy_keep_mask` is the 20-Entropy baseline ("Beyond the 80/20 Rule", Wang et al. 2025,
 arXiv 2506.01939; https://github.com/Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR): keep the ⌈ρ·N⌉ tokens of highest
@@ -12,13 +13,51 @@ entropy, here over the whole optimizer mini-batch across the data-parallel group
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
-from stapo_verl.algo.s2t import CandidateSelection, linear_quantile
+from stapo_verl.algo.s2t import candidate_mask, gather_candidates, s2t_metrics
 
 #: bits kept of a derived seed (``torch.Generator.manual_seed`` takes a signed 64-bit value)
 _SEED_BITS = 0x7FFF_FFFF_FFFF_FFFF
+
+#: ``(candidate entropies (n,) float32) -> (silenced (n,) bool, threshold or None)``: which candidates a mask silences
+CandidateSelection = Callable[[torch.Tensor], "tuple[torch.Tensor, float | None]"]
+
+
+def s2t_ablation_keep_mask(
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    tau_p: float,
+    select: CandidateSelection,
+    group=None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Keep mask of an S2T ablation: the S2T candidates (Â > 0, p < τ_p, gathered over ``group``), of which
+    ``select`` silences some; valid non-finite tokens are dropped as in S2T.
+
+    Args:
+        log_prob, entropy, advantages, response_mask: (bs, T), as in :func:`stapo_verl.algo.s2t.candidate_mask`.
+        tau_p: τ_p. select: a deterministic :data:`CandidateSelection` (every rank must agree).
+        group: the data-parallel group holding the mini-batch, or None.
+
+    Returns:
+        ``(keep (bs, T) bool, metrics)`` with the S2T mask's metric keys (``tau_h``: the selection's threshold).
+
+    Raises:
+        ValueError: the inputs do not share one shape.
+    """
+    candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
+    rows, offset, n_valid, n_nonfinite = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite,
+                                                           group)
+    silenced, tau = select(rows[:, 0].float())
+    spurious = torch.zeros_like(candidates)
+    spurious[candidates] = silenced[offset : offset + int(candidates.sum())].to(candidates.device)
+    return response_mask.bool() & ~nonfinite & ~spurious, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau)
 
 
 def high_entropy_selection(q: float) -> CandidateSelection:
@@ -30,7 +69,7 @@ def high_entropy_selection(q: float) -> CandidateSelection:
     def select(entropy: torch.Tensor) -> tuple[torch.Tensor, float | None]:
         if entropy.numel() == 0:
             return torch.zeros(0, dtype=torch.bool), None
-        tau = linear_quantile(entropy, 1.0 - q)
+        tau = torch.quantile(entropy, 1.0 - q)
         return entropy > tau, float(tau)
 
     return select
@@ -48,7 +87,7 @@ def random_selection(q: float, seed: int) -> CandidateSelection:
         n = entropy.numel()
         if n == 0:
             return torch.zeros(0, dtype=torch.bool), None
-        tau = linear_quantile(entropy, q)
+        tau = torch.quantile(entropy, q)
         budget = int((entropy < tau).sum())
         generator = torch.Generator().manual_seed(int(seed) & _SEED_BITS)
         silenced = torch.zeros(n, dtype=torch.bool)

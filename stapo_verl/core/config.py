@@ -89,14 +89,28 @@ def _check_loss_mode_registered(loss_mode: str) -> None:
         )
 
 
-def require_plugin_loaded() -> None:
-    """Raise :class:`StapoNotRegisteredError` unless ``stapo_verl.plugin`` was imported in this process.
+def require_plugin_loaded(asked_by: str = f"{_KEY} (loss_mode=stapo or a token_mask)") -> None:
+    """Raise unless ``stapo_verl.plugin`` was imported in this process and installed the verl integration.
 
-    The plugin module installs the verl integration at import and raises if it cannot, so its presence in
-    ``sys.modules`` means the integration is in place. Checked wherever the config is built (driver and every
-    actor worker), because a worker where the entry point failed would otherwise train without the mask.
+    Checked wherever the config is built (driver and every actor worker), because a worker where the entry point
+    failed, or a verl the plugin was not written for, would otherwise train without the mask.
+
+    Args:
+        asked_by: what asks for the plugin (the config key and value), named first in the version error.
+
+    Raises:
+        StapoNotRegisteredError: the plugin module was not imported (verl swallowed its import error, or plugins
+            are disabled), or it did not install the integration for another reason.
+        stapo_verl.integration.verl_0_9_1.IncompatibleVerlError: the plugin stayed inactive because the installed
+            verl is not the one it was written for (a ``BaseException``; the message names both versions and
+            ``STAPO_ALLOW_UNSUPPORTED_VERL=1``).
     """
     if PLUGIN_MODULE not in sys.modules:
+        raise StapoNotRegisteredError(_not_loaded_message())
+    from stapo_verl import integration
+
+    if not integration.installed():
+        integration.check_verl(asked_by)
         raise StapoNotRegisteredError(_not_loaded_message())
 
 
@@ -196,6 +210,8 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         StapoConfigError: a value of the wrong type or out of range, an unknown ``token_mask``, a removed loss
             mode or statistics source, or ``loss_mode=stapo`` with a non-S2T mask.
         StapoNotRegisteredError: a mask or ``loss_mode=stapo`` is configured but the plugin is not loaded here.
+        stapo_verl.integration.verl_0_9_1.IncompatibleVerlError: a mask or ``loss_mode=stapo`` is configured on a
+            verl the plugin was not written for (checked first; see :func:`require_plugin_loaded`).
     """
 
     token_mask: Optional[str] = None
@@ -225,6 +241,11 @@ class StapoPolicyLossConfig(PolicyLossConfig):
                 object.__setattr__(self, f.name, coerced)  # verl's BaseConfig freezes fields after __init__
 
     def __post_init__(self):
+        if self.loss_mode == "stapo" or self.token_mask is not None:
+            # First, before verl's own checks: on a verl the plugin was not written for this is the error to see.
+            asked = [f"loss_mode={self.loss_mode!r}"] if self.loss_mode == "stapo" else []
+            asked += [f"token_mask={self.token_mask!r}"] if self.token_mask is not None else []
+            require_plugin_loaded(f"{_KEY}.{', '.join(asked)}")
         parent = getattr(super(), "__post_init__", None)
         if parent is not None:
             parent()
@@ -246,7 +267,6 @@ class StapoPolicyLossConfig(PolicyLossConfig):
                 )
         if self.token_mask is None:
             return
-        require_plugin_loaded()
         _check_loss_mode_registered(self.loss_mode)
         if self.token_mask not in POLICY_TOKEN_MASK_REGISTRY:
             raise StapoConfigError(
@@ -271,7 +291,7 @@ class StapoPolicyLossConfig(PolicyLossConfig):
             if self.token_mask not in S2T_TOKEN_MASKS:
                 raise StapoConfigError(
                     f"{_KEY}.dump_tokens=True dumps S2T candidates: it needs token_mask in {list(S2T_TOKEN_MASKS)} "
-                    f"(got {self.token_mask!r})"
+                    f"(got {self.token_mask!r}). For this mask set {_KEY}.dump_tokens=False"
                 )
             _check_range("dump_max_rows_per_step", self.dump_max_rows_per_step, self.dump_max_rows_per_step >= 1,
                          ">= 1")

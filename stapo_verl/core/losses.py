@@ -15,15 +15,15 @@ Data contract (one optimizer mini-batch, per rank):
                                   ``batch_num_tokens`` stays Σ ``loss_mask`` for the KL/entropy terms)
 ================================  =====================================================================
 
-Only the PG term uses them: the policy loss sees ``response_mask := response_mask ∧ policy_loss_mask`` and
-``global_batch_info["batch_num_tokens"] := policy_batch_num_tokens`` for the duration of its call, which composes
-with every registered policy loss and every ``loss_agg_mode``. The KL and entropy terms keep ``response_mask`` and
-``batch_num_tokens``, exactly as without a mask.
+Only the PG term uses them: the policy loss is called with ``response_mask := response_mask ∧ policy_loss_mask``
+and a shallow copy of the config whose ``global_batch_info["batch_num_tokens"]`` is ``policy_batch_num_tokens``,
+which composes with every registered policy loss and every ``loss_agg_mode``. The KL and entropy terms keep
+``response_mask`` and ``batch_num_tokens``, exactly as without a mask.
 """
 
 from __future__ import annotations
 
-from functools import partial
+import copy
 
 import torch
 import torch.distributed as dist
@@ -40,130 +40,33 @@ POLICY_LOSS_MASK_KEY = "policy_loss_mask"
 POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
-def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None) -> dict:
-    """Run the configured policy token mask on one optimizer mini-batch, before the engine's micro-batch loop.
+def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None) -> dict[str, float]:
+    """Run the configured policy token mask on one optimizer mini-batch (``data``, this rank's share, as
+    ``TrainingWorker.train_batch`` receives it), before the engine splits it into micro-batches.
 
-    Writes ``data["policy_loss_mask"]`` (layout and dtype of ``data["response_mask"]``) and the non-tensor
-    ``policy_batch_num_tokens`` (Σ of the mask over this mini-batch and ``dp_group``). ``response_mask`` and
-    ``loss_mask`` are not modified.
-
-    Args:
-        config: the actor config; ``config.policy_loss.token_mask`` names a registered mask (see
-            :mod:`stapo_verl.core.registry`).
-        data: this rank's share of the mini-batch, in the layout ``TrainingWorker.train_batch`` receives
-            (nested or padded response fields, non-tensor entries).
-        dp_group: the data-parallel group whose ranks together hold the mini-batch (``None``: one process).
-
-    Returns:
-        The mask's metrics (``{"actor/...": float}``) plus ``actor/policy_batch_num_tokens`` (the PG term's
-        denominator), identical on every rank of ``dp_group``.
+    Writes ``data["policy_loss_mask"]`` (layout and dtype of ``response_mask``) and the non-tensor
+    ``policy_batch_num_tokens`` (its Σ over the mini-batch and ``dp_group``, the data-parallel group holding the
+    mini-batch), which ``ppo_loss`` uses for the policy-gradient term. Returns the mask's metrics.
 
     Raises:
-        ValueError: ``policy_loss.token_mask`` is not set or not registered.
-        KeyError: the mini-batch lacks a field the mask declared (the message names them).
+        ValueError: the mask is not registered. KeyError: the mini-batch lacks a field the mask reads.
     """
-    token_mask = get_policy_token_mask(config.policy_loss.get("token_mask", None))
+    token_mask = get_policy_token_mask(config.policy_loss.token_mask)
     missing = [key for key in token_mask.required_fields if key not in data.keys()]
     if missing:
-        raise KeyError(
-            f"policy_loss.token_mask={token_mask.name!r} needs the mini-batch fields "
-            f"{list(token_mask.required_fields)}; missing {missing}"
-        )
-    batch = {}
-    for key in token_mask.required_fields:
-        value = tu.get(data, key)
-        batch[key] = value.to_padded_tensor(0) if isinstance(value, torch.Tensor) and value.is_nested else value
-    keep, metrics = token_mask.fn(batch=batch, config=config, dp_group=dp_group)
+        raise KeyError(f"policy_loss.token_mask={config.policy_loss.token_mask!r}: the mini-batch is missing {missing}")
+    batch = {key: tu.get(data, key) for key in token_mask.required_fields}
+    batch = {k: v.to_padded_tensor(0) if isinstance(v, torch.Tensor) and v.is_nested else v for k, v in batch.items()}
+    keep, metrics = token_mask.fn(batch, config, dp_group)
     response_mask = data["response_mask"]
-    valid = response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask
-    keep = keep.bool() & valid.bool()
-    num_tokens = keep.sum().to(torch.int64)
+    keep = keep.bool() & (response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask).bool()
+    num_tokens = keep.sum()
     if dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1:
-        dist.all_reduce(num_tokens, op=dist.ReduceOp.SUM, group=dp_group)
+        dist.all_reduce(num_tokens, group=dp_group)
     keep = keep.to(response_mask.dtype)
     data[POLICY_LOSS_MASK_KEY] = response_to_nested(keep, response_mask) if response_mask.is_nested else keep
-    tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: int(num_tokens.item())})
-    return {**metrics, f"actor/{POLICY_BATCH_NUM_TOKENS_KEY}": float(num_tokens.item())}
-
-
-def get_policy_batch_num_tokens(config: ActorConfig, data: TensorDict) -> int | None:
-    """The PG term's token-mean denominator of this micro-batch, or ``None`` when no token mask is configured.
-
-    Args:
-        config: the actor config. data: one micro-batch as the engine passes it to the loss.
-
-    Returns:
-        ``data["policy_batch_num_tokens"]`` when ``policy_loss.token_mask`` is set, else ``None``.
-
-    Raises:
-        RuntimeError: a token mask is configured but the micro-batch carries no ``policy_loss_mask`` (the
-            pre-pass did not run on its mini-batch), or the reverse. Training never proceeds silently without
-            the configured mask.
-    """
-    token_mask = config.policy_loss.get("token_mask", None)
-    present = POLICY_LOSS_MASK_KEY in data.keys()
-    if token_mask is None and not present:
-        return None
-    if token_mask is None:
-        raise RuntimeError(
-            f"the micro-batch carries {POLICY_LOSS_MASK_KEY!r} but actor.policy_loss.token_mask is not set"
-        )
-    if not present or POLICY_BATCH_NUM_TOKENS_KEY not in data.keys():
-        raise RuntimeError(
-            f"actor.policy_loss.token_mask={token_mask!r} is set, but this micro-batch carries no "
-            f"{POLICY_LOSS_MASK_KEY!r}/{POLICY_BATCH_NUM_TOKENS_KEY!r}: apply_policy_token_mask did not run on "
-            "its optimizer mini-batch, so the mask would silently not apply. Refusing to compute the loss."
-        )
-    return int(tu.get(data, POLICY_BATCH_NUM_TOKENS_KEY))
-
-
-def compute_masked_policy_loss(
-    policy_loss_fn,
-    *,
-    policy_loss_mask: torch.Tensor,
-    policy_batch_num_tokens: int,
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    loss_agg_mode: str,
-    config: ActorConfig,
-    rollout_is_weights: torch.Tensor | None = None,
-):
-    """Call a registered policy loss on the tokens of ``policy_loss_mask`` only.
-
-    The loss sees ``response_mask := response_mask ∧ policy_loss_mask`` and, for the duration of the call,
-    ``config.global_batch_info["batch_num_tokens"] := policy_batch_num_tokens`` (at least 1, so a mini-batch
-    with nothing kept gives a finite zero loss still attached to the graph). Inputs at masked positions are
-    replaced by zeros (``torch.where``), so a non-finite value outside the mask cannot reach the loss or its
-    gradient (NaN · 0 is NaN).
-
-    Args:
-        policy_loss_fn: a function from ``POLICY_LOSS_REGISTRY`` (verl's ``PolicyLossFn`` signature).
-        policy_loss_mask: (bs, T) bool. policy_batch_num_tokens: Σ of the mask over the mini-batch and DP.
-        old_log_prob, log_prob, advantages: (bs, T) float. response_mask: (bs, T) bool.
-        loss_agg_mode: verl aggregation mode. config: the actor config (its ``global_batch_info`` is restored).
-        rollout_is_weights: (bs, T) float or None.
-
-    Returns:
-        What ``policy_loss_fn`` returns: ``(pg_loss 0-dim tensor, metrics)``.
-    """
-    keep = policy_loss_mask.bool() & response_mask.bool()
-    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
-    batch_num_tokens = config.global_batch_info.get("batch_num_tokens")
-    config.global_batch_info["batch_num_tokens"] = max(int(policy_batch_num_tokens), 1)
-    try:
-        return policy_loss_fn(
-            old_log_prob=torch.where(keep, old_log_prob, zero),
-            log_prob=torch.where(keep, log_prob, zero),
-            advantages=torch.where(keep, advantages, zero),
-            response_mask=keep,
-            loss_agg_mode=loss_agg_mode,
-            config=config,
-            rollout_is_weights=None if rollout_is_weights is None else torch.where(keep, rollout_is_weights, zero),
-        )
-    finally:
-        config.global_batch_info["batch_num_tokens"] = batch_num_tokens
+    tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: int(num_tokens)})
+    return {**metrics, f"actor/{POLICY_BATCH_NUM_TOKENS_KEY}": float(num_tokens)}
 
 
 def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None):
@@ -178,8 +81,18 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     config.global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]
     config.global_batch_info["global_batch_size"] = data["global_batch_size"]
     config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
-    # the policy token mask's denominator (None without a mask): only the policy-gradient term uses it
-    policy_batch_num_tokens = get_policy_batch_num_tokens(config, data)
+    # the policy token mask (policy_loss.token_mask): written by apply_policy_token_mask for the whole mini-batch
+    token_mask = config.policy_loss.get("token_mask", None)
+    if (token_mask is not None) != (POLICY_LOSS_MASK_KEY in data.keys()):
+        raise RuntimeError(
+            f"policy_loss.token_mask={token_mask!r}, but this micro-batch {'lacks' if token_mask else 'carries'} "
+            f"{POLICY_LOSS_MASK_KEY!r}: apply_policy_token_mask must run on its mini-batch exactly when a mask is set"
+        )
+    pg_config = config
+    if token_mask is not None:  # the policy-gradient term divides by the kept tokens (a copy: config is shared)
+        pg_config = copy.copy(config)
+        pg_batch_info = {**config.global_batch_info, "batch_num_tokens": max(data[POLICY_BATCH_NUM_TOKENS_KEY], 1)}
+        object.__setattr__(pg_config, "global_batch_info", pg_batch_info)  # a frozen field of BaseConfig
 
     # assumes that if any of the global batch info is set, the policy_loss_fn will
     # normalize using dp_size/global_bsz/global_token; in this case, metric aggregation should be SUM
@@ -202,7 +115,7 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
         fields.append("rollout_is_weights")
     if "ref_log_prob" in data:
         fields.append("ref_log_prob")
-    if policy_batch_num_tokens is not None:
+    if token_mask is not None:
         fields.append(POLICY_LOSS_MASK_KEY)
     data = data.select(*fields).to_padded_tensor()
 
@@ -217,20 +130,20 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     loss_mode = config.policy_loss.get("loss_mode", "vanilla")
 
     policy_loss_fn = get_policy_loss_fn(loss_mode)
-    if policy_batch_num_tokens is not None:
-        policy_loss_fn = partial(
-            compute_masked_policy_loss,
-            policy_loss_fn,
-            policy_loss_mask=data[POLICY_LOSS_MASK_KEY],
-            policy_batch_num_tokens=policy_batch_num_tokens,
+    pg_mask, pg_log_prob = response_mask, log_prob
+    if token_mask is not None:  # only the kept tokens; zeros elsewhere, since NaN * 0 would reach the loss
+        pg_mask = response_mask & data[POLICY_LOSS_MASK_KEY].bool()
+        old_log_prob, pg_log_prob, advantages, rollout_is_weights = (
+            None if x is None else torch.where(pg_mask, x, 0.0)
+            for x in (old_log_prob, log_prob, advantages, rollout_is_weights)
         )
     pg_loss, pg_metrics = policy_loss_fn(
         old_log_prob=old_log_prob,
-        log_prob=log_prob,
+        log_prob=pg_log_prob,
         advantages=advantages,
-        response_mask=response_mask,
+        response_mask=pg_mask,
         loss_agg_mode=loss_agg_mode,
-        config=config,
+        config=pg_config,
         rollout_is_weights=rollout_is_weights,
     )
 

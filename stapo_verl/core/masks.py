@@ -29,11 +29,12 @@ from stapo_verl.algo.selections import (
     high_entropy_selection,
     mask_seed,
     random_selection,
+    s2t_ablation_keep_mask,
     top_entropy_keep_mask,
 )
 from stapo_verl.core.registry import register_policy_token_mask
 
-#: the mini-batch fields every S2T-family mask reads
+#: the mini-batch fields an S2T mask reads
 S2T_FIELDS = ("old_log_probs", "entropy", "advantages", "response_mask")
 #: ``token_mask`` values built on the S2T candidate population (the ones ``loss_mode=stapo`` accepts)
 S2T_TOKEN_MASKS = ("s2t", "s2t_high_entropy", "s2t_random", "s2t_full")
@@ -59,7 +60,7 @@ def compute_s2t_token_mask(batch, config, dp_group=None):
 
     Source: STAPO paper (arXiv 2602.15620) §3 and Algorithm 1.
     """
-    keep, stats = s2t_keep_mask(
+    return s2t_keep_mask(
         batch["old_log_probs"],
         batch["entropy"],
         batch["advantages"],
@@ -68,16 +69,12 @@ def compute_s2t_token_mask(batch, config, dp_group=None):
         q=config.policy_loss.entropy_quantile,
         group=dp_group,
     )
-    return keep, stats.to_metrics()
 
 
 def _s2t_ablation(batch, config, dp_group, select):
     pl = config.policy_loss
-    keep, stats = s2t_keep_mask(
-        batch["old_log_probs"], batch["entropy"], batch["advantages"], batch["response_mask"],
-        tau_p=pl.tau_p, q=pl.entropy_quantile, group=dp_group, select=select,
-    )
-    return keep, stats.to_metrics()
+    return s2t_ablation_keep_mask(batch["old_log_probs"], batch["entropy"], batch["advantages"],
+                                  batch["response_mask"], tau_p=pl.tau_p, select=select, group=dp_group)
 
 
 @register_policy_token_mask("s2t_high_entropy", required_fields=S2T_FIELDS)

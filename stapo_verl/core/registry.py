@@ -3,95 +3,57 @@
 This is the extension point the upstream series adds to ``verl/trainer/ppo/core_algos.py`` next to
 ``POLICY_LOSS_REGISTRY`` / ``register_policy_loss`` (the definitions below are copied there verbatim by
 ``upstream/build_series.py``; CI fails when the two drift). A mask is selected with
-``actor_rollout_ref.actor.policy_loss.token_mask=<name>``; ``null`` (the default) changes nothing.
-
-A mask function is called once per optimizer mini-batch, on every rank, before the engine counts the mini-batch's
-tokens (:func:`stapo_verl.core.losses.apply_policy_token_mask`)::
-
-    fn(batch: dict[str, Any], config: ActorConfig, dp_group) -> (keep (bs, T) bool, metrics dict[str, float])
-
-``batch`` holds exactly the fields the mask declared at registration: tensors in the padded response layout
-(bs, T) of ``ppo_loss`` (``TensorDict.to_padded_tensor``), non-tensor entries (e.g. ``global_steps``) as Python
-values. ``dp_group`` is the data-parallel group whose ranks together hold the mini-batch. ``keep`` selects the
-tokens that enter the policy-gradient numerator and its token-mean denominator; the KL and entropy terms keep
-``response_mask``.
+``actor_rollout_ref.actor.policy_loss.token_mask=<name>``; ``null`` (the default) changes nothing. The pre-pass that
+calls it is :func:`stapo_verl.core.losses.apply_policy_token_mask`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import torch
-
-PolicyTokenMaskFn = Callable[..., tuple[torch.Tensor, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class PolicyTokenMask:
-    """A registered policy token mask.
+    """A registered policy token mask: ``fn`` and the mini-batch fields it reads (``required_fields``)."""
 
-    Attributes:
-        name: the value of ``policy_loss.token_mask`` that selects it.
-        fn: ``fn(batch, config, dp_group) -> (keep (bs, T) bool, metrics)``.
-        required_fields: the mini-batch fields ``fn`` reads; the pre-pass raises naming any that is missing.
-    """
-
-    name: str
-    fn: PolicyTokenMaskFn
+    fn: Callable
     required_fields: tuple[str, ...]
 
 
 POLICY_TOKEN_MASK_REGISTRY: dict[str, PolicyTokenMask] = {}
 
 
-def register_policy_token_mask(
-    name: str, required_fields: tuple[str, ...]
-) -> Callable[[PolicyTokenMaskFn], PolicyTokenMaskFn]:
-    """Register a policy token mask under ``name`` (decorator).
+def register_policy_token_mask(name: str, required_fields: tuple[str, ...]) -> Callable[[Callable], Callable]:
+    """Register a policy token mask, selected with ``actor.policy_loss.token_mask=<name>`` (decorator).
 
-    Args:
-        name: the value of ``actor_rollout_ref.actor.policy_loss.token_mask`` that selects the mask.
-        required_fields: the mini-batch fields (``TensorDict`` keys) the mask reads, e.g.
-            ``("old_log_probs", "entropy", "advantages", "response_mask")``.
-
-    Returns:
-        The decorator; it returns the function unchanged.
+    ``fn(batch, config, dp_group) -> (keep, metrics)`` runs once per optimizer mini-batch on every rank, before the
+    engine splits it (``apply_policy_token_mask``). ``batch``: the ``required_fields``, tensors padded to (bs, T);
+    ``config``: the ``ActorConfig``; ``dp_group``: the data-parallel group holding the mini-batch (None: one
+    process); ``keep``: (bs, T) bool, the tokens of the policy-gradient term; ``metrics``: ``{name: float}``.
 
     Raises:
-        ValueError: ``name`` is already registered to a different function (re-registering the same function,
-            e.g. after a module reload, replaces the entry).
+        ValueError: ``name`` is registered to another function (the same function may re-register).
     """
 
-    def decorator(fn: PolicyTokenMaskFn) -> PolicyTokenMaskFn:
+    def decorator(fn: Callable) -> Callable:
         existing = POLICY_TOKEN_MASK_REGISTRY.get(name)
         qualname = f"{fn.__module__}.{fn.__qualname__}"
         if existing is not None and f"{existing.fn.__module__}.{existing.fn.__qualname__}" != qualname:
-            raise ValueError(
-                f"policy token mask {name!r} is already registered to "
-                f"{existing.fn.__module__}.{existing.fn.__qualname__}; cannot register {qualname}"
-            )
-        POLICY_TOKEN_MASK_REGISTRY[name] = PolicyTokenMask(name=name, fn=fn, required_fields=tuple(required_fields))
+            raise ValueError(f"policy token mask {name!r} is already registered; cannot register {qualname}")
+        POLICY_TOKEN_MASK_REGISTRY[name] = PolicyTokenMask(fn=fn, required_fields=tuple(required_fields))
         return fn
 
     return decorator
 
 
 def get_policy_token_mask(name: str) -> PolicyTokenMask:
-    """Return the policy token mask registered under ``name``.
-
-    Args:
-        name: the value of ``policy_loss.token_mask``.
-
-    Returns:
-        The :class:`PolicyTokenMask`.
+    """The :class:`PolicyTokenMask` registered under ``name``.
 
     Raises:
         ValueError: no mask is registered under ``name`` (the message lists the registered names).
     """
     if name not in POLICY_TOKEN_MASK_REGISTRY:
-        raise ValueError(
-            f"Unsupported policy token mask: {name}. Supported masks are: {list(POLICY_TOKEN_MASK_REGISTRY.keys())}"
-        )
+        registered = list(POLICY_TOKEN_MASK_REGISTRY)
+        raise ValueError(f"Unsupported policy token mask: {name}. Supported masks are: {registered}")
     return POLICY_TOKEN_MASK_REGISTRY[name]

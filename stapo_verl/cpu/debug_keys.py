@@ -8,7 +8,8 @@ Enable in a CPU run by loading it in every process through verl's external-modul
 On the first ``train_batch`` call per process it writes ``{key: description}`` (tensor shape/dtype, whether
 nested/jagged, or the non-tensor value type) to ``STAPO_DEBUG_KEYS_FILE`` (or stderr). Wraps
 ``verl/workers/engine_workers.py`` ``TrainingWorker.train_batch`` with ``functools.wraps`` so verl's
-dispatch metadata is kept; this is a debugging aid, never loaded by the recipes.
+dispatch metadata is kept, and marks the worker instance (``_stapo_keys_logged``); both are in the CPU platform's
+ledger (:data:`stapo_verl.cpu.ledger.DEBUG_KEYS_PATCHES`). A debugging aid, never loaded by the recipes.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def describe(td) -> dict[str, str]:
 
 
 def _install() -> None:
+    """Wrap ``TrainingWorker.train_batch`` (idempotent), after checking the ledger's entries for it
+    (:data:`stapo_verl.cpu.ledger.DEBUG_KEYS_PATCHES`)."""
+    from stapo_verl.cpu import ledger
+
+    ledger.check(ledger.DEBUG_KEYS_PATCHES, ledger.VERL_WRITTEN_FOR)
     orig = _ew.TrainingWorker.train_batch
     if getattr(orig, "_stapo_debug_keys", False):
         return

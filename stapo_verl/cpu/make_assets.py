@@ -42,19 +42,20 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from types import MappingProxyType
 
 ASSET_VERSION = 4
 SEED = 1234
 SAMPLE_TEMPERATURE = 1.0
 #: Model shape (Qwen3, tied embeddings): ~0.37 M parameters.
-MODEL = {"hidden": 96, "layers": 3}
+MODEL = MappingProxyType({"hidden": 96, "layers": 3})
 #: Warm start: fixed length (no early stop: the build time and the result do not depend on evaluations).
-SFT = {"steps": 300, "batch": 48, "lr": 4e-3, "warmup": 30, "label_smoothing": 0.03}
+SFT = MappingProxyType({"steps": 300, "batch": 48, "lr": 4e-3, "warmup": 30, "label_smoothing": 0.03})
 EOS_TOKEN = "<|endoftext|>"  # end of sequence (Qwen3-Base: tokenizer eos, config / generation_config eos)
 END_OF_TURN = "<|im_end|>"  # what the chat template closes a turn with
 #: What the warm start teaches after the answer: end the turn, then open a new one (a base model's habit).
 AFTER_ANSWER = END_OF_TURN + "\n<|im_start|>user\n"
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 #: Validation rows: at n = 1 sample each the standard error of an accuracy is <= sqrt(0.25 / 640) = 2.0 points.
 N_VAL = 640
 CHAT_TEMPLATE = (
@@ -63,8 +64,8 @@ CHAT_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-NAMES = ["Ann", "Bob", "Cara", "Dan", "Eve", "Finn", "Gia", "Hal", "Ivy", "Jon", "Kim", "Leo"]
-ITEMS = ["apples", "books", "coins", "cards", "pens", "shells", "stamps", "marbles"]
+NAMES = ("Ann", "Bob", "Cara", "Dan", "Eve", "Finn", "Gia", "Hal", "Ivy", "Jon", "Kim", "Leo")
+ITEMS = ("apples", "books", "coins", "cards", "pens", "shells", "stamps", "marbles")
 
 
 def default_dir() -> Path:
@@ -125,7 +126,7 @@ def build_tokenizer(corpus: list[str], out: Path, vocab_size: int = 384):
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus, trainer=trainer)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token="<|endoftext|>",
@@ -316,7 +317,7 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
         "train_file": str(out / "data" / "train.parquet"), "val_file": str(out / "data" / "val.parquet"),
         "n_train": n_train, "n_val": n_val, "vocab_size": len(tok),
         "n_params": sum(p.numel() for p in model.parameters()), "sample_temperature": SAMPLE_TEMPERATURE,
-        "eos_token": EOS_TOKEN, "end_of_turn_token": END_OF_TURN, "model": MODEL, "sft": SFT,
+        "eos_token": EOS_TOKEN, "end_of_turn_token": END_OF_TURN, "model": dict(MODEL), "sft": dict(SFT),
         "build_seconds": round(time.time() - t0, 1), **stats,
     }
     manifest_path.write_text(json.dumps(manifest, indent=1))

@@ -9,6 +9,7 @@ verl calls on every step and on resume (see docs/cpu_backend.md).
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from typing import Any, Optional
 
@@ -75,9 +76,6 @@ def build_cpu_device_module() -> types.ModuleType:
     return mod
 
 
-CPU_DEVICE_MODULE = build_cpu_device_module()
-
-
 class PlatformCPU(PlatformBase):
     """verl platform ``cpu``: device ``cpu``, vendor ``cpu``, collective backend ``gloo``.
 
@@ -97,10 +95,12 @@ class PlatformCPU(PlatformBase):
         """"cpu": second half of the engine-registry key (device, vendor)."""
         return "cpu"
 
-    @property
+    @functools.cached_property
     def device_module(self) -> types.ModuleType:
-        """The torch.cpu wrapper with the CUDA-style members verl calls (memory stats, RNG state, empty_cache)."""
-        return CPU_DEVICE_MODULE
+        """The torch.cpu wrapper with the CUDA-style members verl calls (memory stats, RNG state, empty_cache):
+        :func:`build_cpu_device_module`, built once per platform object (verl keeps one per process,
+        ``verl.plugin.platform.get_platform``)."""
+        return build_cpu_device_module()
 
     def is_available(self) -> bool:
         """Always True: the CPU is there."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable
+from types import MappingProxyType
 
 from stapo_verl.data.errors import DataPrepError
 from stapo_verl.rewards.extract import last_box
@@ -173,7 +174,7 @@ def _dapo(rec, file, row):
     return problem, _nonempty(answer, file, row), problem_id
 
 
-SPECS: dict[str, DatasetSpec] = {
+SPECS = MappingProxyType({
     s.name: s
     for s in [
         DatasetSpec("dapo-math-17k", "math_dapo", "train",
@@ -190,7 +191,7 @@ SPECS: dict[str, DatasetSpec] = {
                     "Hothan/OlympiadBench", _olympiad),
         DatasetSpec("gsm8k", "gsm8k", "test", ("gsm8k/test.jsonl", "test.jsonl"), "openai/gsm8k", _gsm8k),
     ]
-}
+})
 
 
 def get_spec(name: str) -> DatasetSpec:

@@ -15,16 +15,15 @@ chat template itself.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 #: JustRL's instruction appended to every problem.
 JUSTRL_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
-@functools.cache
 def arrow_schema():
-    """The ``pyarrow`` schema of a prepared row (pyarrow is imported here, on first use).
+    """The ``pyarrow`` schema of a prepared row (pyarrow is imported here, on first use; built per call, which costs
+    microseconds, rather than cached for the process).
 
     Returns:
         ``pyarrow.Schema`` with the columns of the module docstring (``extra_info.index`` and ``source_row`` are

@@ -10,6 +10,10 @@
   tables, console and ``file`` top-k lines).
 * :mod:`.collapse` — running z-scores of ``actor/entropy`` and of the LM-head / total gradient norm, and the
   one-line console warning.
+* :mod:`.quadrants` — the paper's probability × entropy quadrants of positive-advantage tokens with the exact
+  logit-gradient norm (offline analysis: ``benchmarks/bench_spurious_quadrants.py``).
+* :mod:`.paired` — Student-t confidence intervals of paired multi-seed differences
+  (``benchmarks/paired_comparison.py``).
 
 User documentation: ``docs/diagnostics.md``.
 """

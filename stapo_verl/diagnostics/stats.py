@@ -1,6 +1,7 @@
 """Mask statistics of one optimizer mini-batch, global over the data-parallel group (torch only).
 
-What a user reads in the trackers under ``actor/stapo/`` besides the mask's own counts (``S2TStats``):
+What a user reads in the trackers under ``actor/stapo/`` besides the mask's own metrics
+(``stapo_verl.algo.s2t.s2t_metrics``):
 
 =====================================  ==========================================================================
 ``candidate_entropy_p50/p75/p95``      quantiles (linear interpolation, as τ_h) of H over the candidates P
@@ -10,19 +11,25 @@ What a user reads in the trackers under ``actor/stapo/`` besides the mask's own 
                                        signal sits below τ_p
 ``silenced_share_begin/middle/end``    share of the silenced tokens in the first, middle and last third of their
                                        response (position t of a response of length L is in third ⌊3t/L⌋)
+``silenced_grad_share``, ``_upper``    share of the policy-gradient logit-norm² the silenced tokens carry,
+                                       Σ_silenced bound / Σ_valid bound of Theorem 3.1's lower bound (``_upper``:
+                                       its upper bound), with each token's weight in the PG term before masking
+                                       (:func:`policy_gradient_weight`, :func:`logit_grad_norm_sq_bounds`)
 histograms (not scalars)               H and log10 p of the low-probability tokens (valid, finite, p < τ_p),
                                        split by the sign of Â: ``entropy_adv_pos`` / ``entropy_adv_neg`` /
                                        ``log10_p_adv_pos`` / ``log10_p_adv_neg`` (Â > 0 is P itself)
 =====================================  ==========================================================================
 
-Cost: two O(tokens) passes (the indices of the valid tokens with p < τ_p, the count of positive-advantage tokens);
-everything else is O(low-probability tokens): the finiteness and sign tests, the silenced tokens' thirds, two
-fixed-bin ``histc`` per sign, the candidate entropies' quantiles. The DP group exchanges one small
-object per rank (the candidates' entropies, a few hundred floats at the paper's candidate rate, and the histogram
-counts). ``benchmarks/bench_diagnostics.py`` measures it at the production shape.
+Cost: three O(tokens) passes (the indices of the valid tokens with p < τ_p, the count of positive-advantage tokens,
+the gradient-norm bounds with their four sums); everything else is O(low-probability tokens): the finiteness and
+sign tests, the silenced tokens' thirds, two fixed-bin ``histc`` per sign, the candidate entropies' quantiles. The
+DP group exchanges one small object per rank (the candidates' entropies, a few hundred floats at the paper's
+candidate rate, the histogram counts and the four bound sums). ``benchmarks/bench_diagnostics.py`` measures it at
+the production shape.
 
-Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is :func:`stapo_verl.algo.s2t.linear_quantile`,
-the function τ_h is computed with.
+Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is ``torch.quantile`` (linear), as τ_h in
+:func:`stapo_verl.algo.s2t.s2t_keep_mask`; Theorem 3.1 of the paper (after Yang et al. 2025, arXiv 2505.12929) for the
+gradient-norm bounds; verl's ``agg_loss`` (``verl.trainer.ppo.core_algos``) for the per-token weights.
 """
 
 from __future__ import annotations
@@ -33,7 +40,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from stapo_verl.algo.s2t import linear_quantile
 
 #: quantiles of the candidates' entropy logged as ``candidate_entropy_p<100·q>``
 QUANTILES = (0.5, 0.75, 0.95)
@@ -48,6 +54,12 @@ LOG10_P_LOW = -12.0
 LOG10_P_BINS = 40
 #: histogram names, in the order they are logged
 HISTOGRAMS = ("entropy_adv_pos", "entropy_adv_neg", "log10_p_adv_pos", "log10_p_adv_neg")
+#: verl 0.9.1's ``loss_agg_mode`` values (``agg_loss``) whose PG weight is the same constant for every token of the
+#: mini-batch: 1/Σ valid (``token-mean``), 1 (``token-sum``), 1/#responses (``seq-mean-token-sum``), that divided by
+#: the scale factor (``seq-mean-token-sum-norm``); a constant cancels in a share
+UNIFORM_WEIGHT_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+#: the mode whose PG weight is 1/(#responses · L_i), L_i = valid tokens of response i
+PER_RESPONSE_MEAN_AGG_MODE = "seq-mean-token-mean"
 
 
 def entropy_edges() -> tuple[float, ...]:
@@ -66,6 +78,114 @@ def log10_p_edges(tau_p: float) -> tuple[float, ...]:
     if not (LOG10_P_LOW < hi < 0.0):
         raise ValueError(f"tau_p={tau_p!r}: the log10 p histogram needs 1e{LOG10_P_LOW:g} < tau_p < 1")
     return tuple(LOG10_P_LOW + (hi - LOG10_P_LOW) * i / LOG10_P_BINS for i in range(LOG10_P_BINS + 1))
+
+
+def logit_vocab_constant(vocab_size: int) -> float:
+    """C_V = (|V| − 1) / (|V| (ln |V|)²), the constant of Theorem 3.1's upper bound.
+
+    Raises:
+        ValueError: ``vocab_size`` is not an integer ≥ 2.
+
+    Source: STAPO (arXiv 2602.15620) Theorem 3.1, after Yang et al. 2025 (arXiv 2505.12929).
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+        raise ValueError(f"vocab_size={vocab_size!r}: the vocabulary size |V| must be an integer >= 2")
+    return (vocab_size - 1) / (vocab_size * math.log(vocab_size) ** 2)
+
+
+def logit_grad_norm_sq_bounds(
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor,
+    weight: torch.Tensor,
+    vocab_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Theorem 3.1's bounds on ||∇_a J||², the squared norm of one token's PG term's gradient w.r.t. its logits a.
+
+    For a sampled token of probability p, entropy H (nats) of its next-token distribution over |V| entries and
+    weight w in the PG term, ∇_a (w log p) = w (e_y − π), so ||∇_a J||² = w² (1 − 2p + Σ_v π_v²), and
+
+        w² (1 − 2p + e^{−H})  ≤  ||∇_a J||²  ≤  w² (2 − 2p − C_V H²),   C_V = (|V| − 1) / (|V| (ln |V|)²).
+
+    Both are clamped at 0 (still bounds: the norm is ≥ 0). The lower bound is negative for some confident tokens
+    (p = 0.9 beside one token of 0.1: 1 − 1.8 + e^{−0.325} = −0.0775); the clamp keeps every term of a share ≥ 0.
+
+    Args:
+        log_prob: (...) float, log p of the sampled token.
+        entropy: (...) float, H in nats, same shape.
+        weight: (...) float, the token's weight w in the PG term, same shape.
+        vocab_size: |V|, the width of the logits the softmax runs over; None: no upper bound.
+
+    Returns:
+        ``(lower, upper)``, each shaped like the inputs in their float dtype promoted to at least float32 (fp32 for
+        bf16 inputs); ``upper`` is None without ``vocab_size``. A token with a non-finite p or H has no meaningful
+        bound (callers exclude it).
+
+    Raises:
+        ValueError: the shapes differ, or ``vocab_size`` is given and not an integer ≥ 2.
+
+    Source: STAPO (arXiv 2602.15620) Theorem 3.1 (after Yang et al. 2025, arXiv 2505.12929, the logit-gradient
+    lemma); the lower bound is Rényi-2 ≤ Shannon entropy (Σ π² ≥ e^{−H}).
+    """
+    shapes = {tuple(t.shape) for t in (log_prob, entropy, weight)}
+    if len(shapes) != 1:
+        raise ValueError(f"gradient-norm bounds need one shape for log_prob, entropy and weight, got {sorted(shapes)}")
+    dtype = torch.promote_types(torch.promote_types(log_prob.dtype, entropy.dtype), torch.float32)
+    p = log_prob.detach().to(dtype).exp()
+    h = entropy.detach().to(dtype)
+    w2 = weight.detach().to(dtype).square()
+    lower = w2 * (1.0 - 2.0 * p + torch.exp(-h)).clamp_min(0.0)
+    if vocab_size is None:
+        return lower, None
+    upper = w2 * (2.0 - 2.0 * p - logit_vocab_constant(vocab_size) * h.square()).clamp_min(0.0)
+    return lower, upper
+
+
+def policy_gradient_weight(
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each token's weight in the PG term before masking, up to one constant factor of the mini-batch.
+
+    At the old policy (ratio π_θ/π_old = 1, where neither the PPO clip nor the dual clip binds) the PG term of token
+    (i, t) is w · log π_θ(y_{i,t}) to first order, w = Â_{i,t} · ρ_{i,t} · c_i: ρ the rollout-correction weight
+    (``rollout_is_weights``; 1 without it) and c_i the aggregation weight of verl's ``agg_loss``, which before the
+    mask is 1/N (N = Σ valid, ``token-mean``), 1 (``token-sum``), 1/B (``seq-mean-token-sum``, B = #responses),
+    1/(B · scale) (``seq-mean-token-sum-norm``) — one constant over the mini-batch, returned as 1 — or
+    1/(B · L_i) (``seq-mean-token-mean``, L_i = valid tokens of response i), returned as 1/L_i.
+
+    Args:
+        advantages: (bs, T) float, Â (non-finite values count as 0).
+        response_mask: (bs, T) bool or int, 1 on valid response tokens (a response lies on one rank, so L_i is
+            local).
+        loss_agg_mode: verl's ``actor.loss_agg_mode``.
+        rollout_is_weights: (bs, T) float or None (non-finite values count as 0).
+
+    Returns:
+        (bs, T) float32 (float64 for float64 advantages); 0 on padding.
+
+    Raises:
+        ValueError: the shapes differ, or ``loss_agg_mode`` is not one of verl 0.9.1's.
+
+    Source: verl ``agg_loss`` and ``compute_policy_loss_vanilla`` (``verl.trainer.ppo.core_algos``).
+    """
+    tensors = (advantages, response_mask) if rollout_is_weights is None else (advantages, response_mask,
+                                                                               rollout_is_weights)
+    shapes = {tuple(t.shape) for t in tensors}
+    if len(shapes) != 1:
+        raise ValueError(f"policy_gradient_weight needs one (batch, response_len) shape, got {sorted(shapes)}")
+    dtype = torch.promote_types(advantages.dtype, torch.float32)
+    valid = response_mask.bool()
+    w = torch.where(valid, torch.nan_to_num(advantages.detach().to(dtype), nan=0.0, posinf=0.0, neginf=0.0), 0.0)
+    if rollout_is_weights is not None:
+        w = w * torch.nan_to_num(rollout_is_weights.detach().to(dtype), nan=0.0, posinf=0.0, neginf=0.0)
+    if loss_agg_mode == PER_RESPONSE_MEAN_AGG_MODE:
+        return w / valid.sum(-1, keepdim=True).clamp_min(1).to(dtype)
+    if loss_agg_mode in UNIFORM_WEIGHT_AGG_MODES:
+        return w
+    raise ValueError(f"loss_agg_mode={loss_agg_mode!r}: the PG weight is known for "
+                     f"{[*UNIFORM_WEIGHT_AGG_MODES, PER_RESPONSE_MEAN_AGG_MODE]}")
 
 
 @dataclass(frozen=True)
@@ -125,6 +245,9 @@ class MaskStatistics:
         entropy_quantiles: H quantiles of P at :data:`QUANTILES`; None when P is empty.
         silenced_by_position: silenced tokens per third of the response (:data:`POSITION_BUCKETS`).
         histograms: :data:`HISTOGRAMS` name → :class:`Histogram`.
+        grad_norm_sq_sums: Theorem 3.1's bounds on the PG logit-norm² (:func:`logit_grad_norm_sq_bounds`, weights
+            :func:`policy_gradient_weight`) summed as (silenced lower, all lower, silenced upper, all upper) over
+            the valid tokens with finite p and H; the upper sums are NaN when |V| was not given. None: not computed.
     """
 
     n_positive: int = 0
@@ -132,13 +255,15 @@ class MaskStatistics:
     entropy_quantiles: tuple[float, ...] | None = None
     silenced_by_position: tuple[int, int, int] = (0, 0, 0)
     histograms: dict = field(default_factory=dict)
+    grad_norm_sq_sums: tuple[float, float, float, float] | None = None
 
     def to_metrics(self, prefix: str = "actor/stapo/") -> dict[str, float]:
-        """Scalar metrics (floats), each only when defined (no candidates: no quantiles; nothing silenced: no shares).
+        """Scalar metrics (floats), each only when defined (no candidates: no quantiles; nothing silenced: no thirds).
 
         Keys (after ``prefix``): ``candidate_entropy_p50``, ``_p75``, ``_p95``, ``pos_adv_below_tau_p_frac``,
-        ``silenced_share_begin``, ``_middle``, ``_end``. None contains "min" or "max" (verl's ``reduce_metrics``
-        takes the min / max of such keys instead of the mean).
+        ``silenced_share_begin``, ``_middle``, ``_end``, ``silenced_grad_share`` and ``silenced_grad_share_upper``
+        (in [0, 1]; 0 when no valid token carries a PG gradient; the upper one only when |V| was given). None
+        contains "min" or "max" (verl's ``reduce_metrics`` takes the min / max of such keys instead of the mean).
         """
         metrics = {}
         if self.entropy_quantiles is not None:
@@ -150,7 +275,18 @@ class MaskStatistics:
         if silenced > 0:
             for name, n in zip(POSITION_BUCKETS, self.silenced_by_position, strict=True):
                 metrics[f"{prefix}silenced_share_{name}"] = n / silenced
+        if self.grad_norm_sq_sums is not None:
+            sil_lo, all_lo, sil_up, all_up = self.grad_norm_sq_sums
+            metrics[prefix + "silenced_grad_share"] = _share(sil_lo, all_lo)
+            if math.isfinite(all_up):
+                metrics[prefix + "silenced_grad_share_upper"] = _share(sil_up, all_up)
         return metrics
+
+
+def _share(part: float, whole: float) -> float:
+    """part / whole clamped to [0, 1] (part ⊂ whole, both sums of terms ≥ 0: the clamp only absorbs rounding);
+    0 when whole is 0."""
+    return min(max(part / whole, 0.0), 1.0) if whole > 0 else 0.0
 
 
 def local_partials(
@@ -160,6 +296,10 @@ def local_partials(
     response_mask: torch.Tensor,
     keep: torch.Tensor,
     tau_p: float,
+    *,
+    vocab_size: int | None = None,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> dict:
     """This rank's share of the statistics, on the CPU, ready to be exchanged over the DP group.
 
@@ -168,13 +308,18 @@ def local_partials(
             responses start at position 0, as in verl's response layout).
         response_mask: (bs, T) bool or int. keep: (bs, T) bool, the mask's keep decision.
         tau_p: τ_p in (0, 1).
+        vocab_size: |V| of the model's logits, for the upper gradient-norm bound; None: lower bound only.
+        loss_agg_mode, rollout_is_weights: the PG weights (:func:`policy_gradient_weight`).
 
     Returns:
         ``{"candidate_entropy": (n,) float32, "counts": (4,) int64 [n_positive, silenced per third ×3],
-        "histograms": {name: Histogram}}``.
+        "grad_norm_sq_sums": (4,) float64 [silenced lower, all lower, silenced upper, all upper] (upper NaN
+        without ``vocab_size``), "histograms": {name: Histogram}}``. "All" is every valid token with finite p and
+        H; "silenced" those of them outside ``keep``.
 
     Raises:
-        ValueError: the tensors do not share one shape, or τ_p is out of range.
+        ValueError: the tensors do not share one shape, τ_p is out of range, ``vocab_size`` < 2 or an unknown
+            ``loss_agg_mode``.
     """
     shapes = {tuple(t.shape) for t in (log_prob, entropy, advantages, response_mask, keep)}
     if len(shapes) != 1:
@@ -201,6 +346,8 @@ def local_partials(
     return {
         "candidate_entropy": ent_low[pos].cpu(),
         "counts": counts,
+        "grad_norm_sq_sums": _grad_norm_sq_sums(lp, entropy.detach(), advantages, valid, keep, vocab_size,
+                                                loss_agg_mode, rollout_is_weights),
         "histograms": {
             "entropy_adv_pos": Histogram.of(ent_low[pos], entropy_edges()),
             "entropy_adv_neg": Histogram.of(ent_low[neg], entropy_edges()),
@@ -208,6 +355,24 @@ def local_partials(
             "log10_p_adv_neg": Histogram.of(lp_low[neg] * inv_ln10, p_edges),
         },
     }
+
+
+def _grad_norm_sq_sums(log_prob, entropy, advantages, valid, keep, vocab_size, loss_agg_mode,
+                       rollout_is_weights) -> torch.Tensor:
+    """(4,) float64 on the CPU: Σ lower bound over the silenced / all valid finite tokens, then the same for the upper
+    bound (NaN without ``vocab_size``). One O(tokens) pass; the sums accumulate in float64."""
+    weight = policy_gradient_weight(advantages, valid, loss_agg_mode, rollout_is_weights)
+    lower, upper = logit_grad_norm_sq_bounds(log_prob, entropy, weight, vocab_size)
+    counted = valid & torch.isfinite(log_prob) & torch.isfinite(entropy)  # as the mask's finite tokens
+    silenced = (counted & ~keep.bool().to(counted.device)).nonzero(as_tuple=True)  # few: index, don't mask
+    sums = []
+    for bound in (lower, upper):
+        if bound is None:
+            sums += [torch.full((), math.nan, dtype=torch.float64, device=lower.device)] * 2
+            continue
+        bound = torch.where(counted, bound, 0.0)
+        sums += [bound[silenced].sum(dtype=torch.float64), bound.sum(dtype=torch.float64)]
+    return torch.stack(sums).cpu()
 
 
 def combine(parts: list[dict]) -> MaskStatistics:
@@ -220,6 +385,7 @@ def combine(parts: list[dict]) -> MaskStatistics:
         raise ValueError("combine needs the partials of at least one rank")
     entropies = torch.cat([p["candidate_entropy"].float() for p in parts])
     counts = torch.stack([p["counts"] for p in parts]).sum(0).tolist()
+    grad_sums = tuple(torch.stack([p["grad_norm_sq_sums"] for p in parts]).sum(0).tolist())  # global sums
     hists = {}
     for name in HISTOGRAMS:
         merged = parts[0]["histograms"][name]
@@ -228,10 +394,10 @@ def combine(parts: list[dict]) -> MaskStatistics:
         hists[name] = merged
     quantiles = None
     if entropies.numel() > 0:
-        quantiles = tuple(float(linear_quantile(entropies, q)) for q in QUANTILES)
+        quantiles = tuple(float(torch.quantile(entropies, q)) for q in QUANTILES)
     return MaskStatistics(n_positive=int(counts[0]), n_candidates=int(entropies.numel()),
                           entropy_quantiles=quantiles, silenced_by_position=tuple(int(c) for c in counts[1:4]),
-                          histograms=hists)
+                          histograms=hists, grad_norm_sq_sums=grad_sums)
 
 
 def mask_statistics(
@@ -243,23 +409,29 @@ def mask_statistics(
     *,
     tau_p: float,
     group=None,
+    vocab_size: int | None = None,
+    loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> MaskStatistics:
     """The statistics of one optimizer mini-batch, global over ``group``, identical on every rank of it.
 
     Args:
-        log_prob, entropy, advantages, response_mask, keep, tau_p: this rank's share, as in :func:`local_partials`.
+        log_prob, entropy, advantages, response_mask, keep, tau_p, vocab_size, loss_agg_mode, rollout_is_weights:
+            this rank's share, as in :func:`local_partials`.
         group: the data-parallel group whose ranks together hold the mini-batch (each token on exactly one rank);
             every rank of it must call this function. None (or no initialised process group) means this process
             holds the whole mini-batch.
 
     Returns:
         :class:`MaskStatistics`; the candidates' entropies are concatenated in rank order, as for τ_h, so the
-        quantiles equal ``linear_quantile`` over the whole mini-batch.
+        quantiles equal ``torch.quantile`` over the whole mini-batch; the gradient-norm shares are ratios of sums
+        over the whole mini-batch (each rank's four sums travel in the same exchange, no collective of their own).
 
     Raises:
         ValueError: see :func:`local_partials`.
     """
-    mine = local_partials(log_prob, entropy, advantages, response_mask, keep, tau_p)
+    mine = local_partials(log_prob, entropy, advantages, response_mask, keep, tau_p, vocab_size=vocab_size,
+                          loss_agg_mode=loss_agg_mode, rollout_is_weights=rollout_is_weights)
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
         return combine([mine])
     parts = [None] * dist.get_world_size(group)

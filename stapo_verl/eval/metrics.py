@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import comb
+from types import MappingProxyType
 
 #: Samples per problem used by the paper: 32 for the small AIME/AMC sets, 4 for the others.
-K_BY_BENCHMARK = {"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4, "olympiadbench": 4,
-                  "gsm8k": 4}
+K_BY_BENCHMARK = MappingProxyType({"aime24": 32, "aime25": 32, "amc23": 32, "math500": 4, "minerva": 4,
+                                   "olympiadbench": 4, "gsm8k": 4})
 #: The six benchmarks averaged (unweighted) in the paper's "Avg" column, in table order.
 SIX_BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench")
 

@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from stapo_verl.rewards import compute_score, get_runner
+from stapo_verl.rewards import RewardFunction
 
 
 def score_many(
@@ -14,8 +14,9 @@ def score_many(
 ) -> list[dict]:
     """Score ``(data_source, response, ground_truth)`` triples, in order.
 
-    Threads only dispatch; the scoring runs in the killable worker processes of
-    :func:`stapo_verl.rewards.get_runner` (one per thread, at most ``runner.max_workers`` at a time).
+    Threads only dispatch; the scoring runs in the killable worker processes of a
+    :class:`stapo_verl.rewards.RewardFunction` of this call (at most ``runner.max_workers`` at a time), stopped
+    when it returns.
 
     Args:
         items: triples to score.
@@ -25,7 +26,8 @@ def score_many(
     Returns:
         One :func:`compute_score` dict per item.
     """
-    threads = threads or get_runner().max_workers or os.cpu_count() or 1
     kwargs = {} if timeout_s is None else {"timeout_s": timeout_s}
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(lambda it: compute_score(it[0], it[1], it[2], **kwargs), items))
+    with RewardFunction() as compute_score:
+        threads = threads or compute_score.runner.max_workers or os.cpu_count() or 1
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            return list(pool.map(lambda it: compute_score(it[0], it[1], it[2], **kwargs), items))

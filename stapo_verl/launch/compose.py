@@ -32,9 +32,8 @@ def compose_config(overrides: list[str]):
     Raises:
         hydra.errors.ConfigCompositionException: an override names a missing key (without ``+``), has a wrong
             type, or adds a key twice; the OmegaConf error is its ``__cause__``.
-        stapo_verl.integration.verl_0_9_1.IncompatibleVerlError: the installed verl is not the supported one.
     """
-    import stapo_verl.plugin  # noqa: F401  (registers the plugin's Hydra options; raises where verl would not)
+    import stapo_verl.plugin  # noqa: F401  (registers the plugin's Hydra options, also on a verl it is not written for)
     from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):

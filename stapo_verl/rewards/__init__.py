@@ -9,6 +9,11 @@ with verl's built-in ``naive`` or ``dapo`` reward-loop manager (``reward.reward_
 registered, because a registration done only in the driver would be missing in the reward-loop workers, while the
 custom function is loaded by path inside every worker.
 
+``compute_score`` is a new :class:`~stapo_verl.rewards.routing.RewardFunction` at every lookup (this package's
+``__getattr__``): verl looks it up once per reward manager and keeps it, so the killable worker processes it scores
+in belong to that manager, not to this package. ``from stapo_verl.rewards import compute_score`` gives the importer
+its own.
+
 Importing this package imports neither verl nor torch (nor math-verify, which only the worker processes load).
 
 Modules: :mod:`.extract` (boxes, ``Answer:`` lines), :mod:`.equivalence` (math-verify with per-route tolerance),
@@ -25,10 +30,10 @@ from stapo_verl.rewards.routing import (
     MATH_VERIFY,
     RESULT_KEYS,
     STRICT_BOX,
+    RewardFunction,
     UnknownDataSourceError,
-    compute_score,
-    get_runner,
     route_for,
+    runner_from_env,
     scorer_for,
 )
 from stapo_verl.rewards.timeout import CallResult, KillableRunner, WorkerStartError
@@ -42,6 +47,7 @@ __all__ = [
     "STRICT_BOX",
     "CallResult",
     "KillableRunner",
+    "RewardFunction",
     "Tolerance",
     "UnknownDataSourceError",
     "WorkerStartError",
@@ -49,10 +55,21 @@ __all__ = [
     "compute_score",
     "extract_boxed_answer",
     "extract_final_answer",
-    "get_runner",
     "route_for",
+    "runner_from_env",
     "score_dapo_format",
     "score_math_verify",
     "score_strict_box",
     "scorer_for",
 ]
+
+
+def __getattr__(name: str):
+    """``compute_score``: a new :class:`~stapo_verl.rewards.routing.RewardFunction` (module docstring).
+
+    Raises:
+        AttributeError: any other name.
+    """
+    if name == "compute_score":
+        return RewardFunction()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,10 +46,10 @@ math-verify is imported on first use, so importing this module costs nothing.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import warnings
 from fractions import Fraction
+from types import MappingProxyType
 
 __all__ = [
     "EXACT",
@@ -83,7 +83,8 @@ class Tolerance:
 
 EXACT = Tolerance("exact", None, 10)
 RELATIVE_1E4 = Tolerance("relative_1e-4", Fraction(1, 10_000), 6)
-TOLERANCES: dict[str, Tolerance] = {t.name: t for t in (EXACT, RELATIVE_1E4)}
+#: name → :class:`Tolerance` (read-only)
+TOLERANCES = MappingProxyType({t.name: t for t in (EXACT, RELATIVE_1E4)})
 
 #: LaTeX spellings with one meaning: ``\\dfrac``/``\\tfrac`` are ``\\frac``; ``\\left``/``\\right`` before a delimiter
 #: and the spacing commands ``\\!``, ``\\,``, ``\\;``, ``\\:`` only change typesetting.
@@ -93,8 +94,6 @@ _SCI = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))[eE]([+-]?\d+)")
 _PERCENT = re.compile(r"(.*?)\s*\\?%")
 #: Significant digits two non-rational numbers must share (in addition to math-verify's verdict) on exact routes.
 _IRRATIONAL_DIGITS = 40
-
-_mv = None
 
 
 def get_tolerance(name: str) -> Tolerance:
@@ -109,17 +108,16 @@ def get_tolerance(name: str) -> Tolerance:
 
 
 def _math_verify():
-    """Import math-verify once, silencing its one-time 'timeout disabled' warning (we bound calls ourselves)."""
-    global _mv
-    if _mv is None:
-        import math_verify
-        import math_verify.grader
-        import math_verify.parser
+    """The ``math_verify`` module, with its one-time 'timeout disabled' warning marked as shown (calls are bounded
+    by the killable workers instead). Imported here, not at module level, so that importing this module costs
+    nothing; after the first call the imports are look-ups in ``sys.modules``."""
+    import math_verify
+    import math_verify.grader
+    import math_verify.parser
 
-        math_verify.parser.TIMEOUT_WARNING_SHOWN = True
-        math_verify.grader.TIMEOUT_WARNING_SHOWN = True
-        _mv = math_verify
-    return _mv
+    math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+    math_verify.grader.TIMEOUT_WARNING_SHOWN = True
+    return math_verify
 
 
 def _synonym(match: re.Match) -> str:
@@ -269,11 +267,11 @@ def numbers_verdict(gold, pred, tolerance: Tolerance, mv_says: bool = True) -> b
     return _sympy_numbers_equal(g, p, tolerance, mv_says)
 
 
-@functools.lru_cache(maxsize=4096)
 def answers_equivalent(pred: str, gold: str, tolerance: Tolerance = EXACT) -> bool:
     """Whether the predicted answer equals the gold answer (box contents, no ``\\boxed``).
 
-    Cached (4,096 entries per process): the rollouts of one prompt often give the same answer.
+    Not cached: a process-wide cache would be state that outlives the call (a verdict could come from before
+    math-verify was replaced or reconfigured in the process); repeated plain numbers take the fast path anyway.
 
     Args:
         pred: predicted answer, e.g. ``"\\frac{1}{2}"``.

@@ -20,6 +20,11 @@ Routing (keys matched case-insensitively; :func:`route_for`):
 
 Anything else raises :class:`UnknownDataSourceError` (verl's ``default_compute_score`` raises
 ``NotImplementedError`` likewise) rather than silently scoring with the wrong rule.
+
+The killable worker processes (:class:`~stapo_verl.rewards.timeout.KillableRunner`) belong to whoever scores:
+:func:`compute_score` takes the runner as an argument, and :class:`RewardFunction` (what verl loads as
+``stapo_verl.rewards.compute_score``) creates one on its first call and keeps it for its lifetime, so the runner
+lives as long as the verl reward manager that holds the function.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import dataclasses
 import logging
 import os
 import threading
+from types import MappingProxyType
 
 from stapo_verl.rewards.dapo import score_dapo_format, score_strict_box
 from stapo_verl.rewards.equivalence import EXACT, RELATIVE_1E4, TOLERANCES, get_tolerance
@@ -52,7 +58,7 @@ class Route:
     tolerance: str
 
 
-_ROUTES: dict[str, Route] = {
+_ROUTES = MappingProxyType({
     "math_dapo": Route(DAPO_FORMAT, EXACT.name),
     "math_dapo_reasoning": Route(DAPO_FORMAT, EXACT.name),
     "dapo-math-17k": Route(STRICT_BOX, EXACT.name),
@@ -69,7 +75,7 @@ _ROUTES: dict[str, Route] = {
     "openai/gsm8k": Route(MATH_VERIFY, EXACT.name),
     "lighteval/math": Route(MATH_VERIFY, EXACT.name),
     "digitallearninggmbh/math-lighteval": Route(MATH_VERIFY, EXACT.name),
-}
+})
 
 
 class UnknownDataSourceError(ValueError):
@@ -122,27 +128,19 @@ def score_response(scorer: str, tolerance: str, solution_str: str, ground_truth:
     raise UnknownDataSourceError(f"scorer={scorer!r} is unknown; allowed: {sorted(SCORERS)}")
 
 
-_runner: KillableRunner | None = None
-_runner_lock = threading.Lock()
-
-
-def get_runner() -> KillableRunner:
-    """The process-wide :class:`KillableRunner` (created on first use; env ``STAPO_REWARD_TIMEOUT_S``).
+def runner_from_env() -> KillableRunner:
+    """A new :class:`KillableRunner` with the timeout of env ``STAPO_REWARD_TIMEOUT_S`` (default
+    :data:`~stapo_verl.rewards.timeout.DEFAULT_TIMEOUT_S`); no process starts before its first call.
 
     Raises:
         ValueError: ``STAPO_REWARD_TIMEOUT_S`` is not a positive number.
     """
-    global _runner
-    if _runner is None:
-        with _runner_lock:
-            if _runner is None:
-                raw = os.environ.get("STAPO_REWARD_TIMEOUT_S", str(DEFAULT_TIMEOUT_S))
-                try:
-                    timeout = float(raw)
-                except ValueError as exc:
-                    raise ValueError(f"STAPO_REWARD_TIMEOUT_S={raw!r} must be a number of seconds") from exc
-                _runner = KillableRunner(timeout_s=timeout)
-    return _runner
+    raw = os.environ.get("STAPO_REWARD_TIMEOUT_S", str(DEFAULT_TIMEOUT_S))
+    try:
+        timeout = float(raw)
+    except ValueError as exc:
+        raise ValueError(f"STAPO_REWARD_TIMEOUT_S={raw!r} must be a number of seconds") from exc
+    return KillableRunner(timeout_s=timeout)
 
 
 def _has_box(text: str) -> bool:
@@ -150,14 +148,14 @@ def _has_box(text: str) -> bool:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None, *,
-                  scorer: str | None = None, tolerance: str | None = None, timeout_s: float | None = None,
-                  **kwargs) -> dict:
-    """verl custom reward function: score one response with the scorer routed from ``data_source``.
+                  runner: KillableRunner | None = None, scorer: str | None = None, tolerance: str | None = None,
+                  timeout_s: float | None = None, **kwargs) -> dict:
+    """Score one response with the scorer routed from ``data_source``, in ``runner``'s killable workers.
 
-    The signature is the one verl 0.9.1's reward-loop managers call
-    (``verl.experimental.reward_loop.reward_manager.naive.NaiveRewardManager.run_single`` and ``...dapo.
-    DAPORewardManager.run_single``: ``compute_score(data_source=, solution_str=, ground_truth=, extra_info=,
-    **extra)``); verl loads it with ``verl.trainer.ppo.reward.get_custom_reward_fn`` from
+    What verl calls is :class:`RewardFunction`, which passes its own runner. The signature is the one verl 0.9.1's
+    reward-loop managers call (``verl.experimental.reward_loop.reward_manager.naive.NaiveRewardManager.run_single``
+    and ``...dapo.DAPORewardManager.run_single``: ``compute_score(data_source=, solution_str=, ground_truth=,
+    extra_info=, **extra)``); verl loads it with ``verl.trainer.ppo.reward.get_custom_reward_fn`` from
     ``reward.custom_reward_function.path=pkg://stapo_verl.rewards`` and ``name=compute_score``, and passes
     ``reward.custom_reward_function.reward_kwargs`` as keyword arguments.
 
@@ -166,10 +164,12 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
         solution_str: decoded response.
         ground_truth: ``reward_model.ground_truth`` (non-str values are converted with ``str``).
         extra_info: the row's ``extra_info`` (unused; accepted for verl).
+        runner: the killable workers to score in (required unless ``timeout_s=0``).
         scorer: force ``"strict_box"``, ``"dapo_format"`` or ``"math_verify"`` for every data source.
         tolerance: force a tolerance of the math-verify scorer (``"exact"`` or ``"relative_1e-4"``).
-        timeout_s: hard per-sample timeout in seconds (default env ``STAPO_REWARD_TIMEOUT_S`` or 5); ``0`` runs
-            the scorer in this process without protection (debugging and tests only).
+        timeout_s: hard per-sample timeout in seconds (default: the runner's; for :class:`RewardFunction`'s, env
+            ``STAPO_REWARD_TIMEOUT_S`` or 5); ``0`` runs the scorer in this process without protection (debugging
+            and tests only).
         **kwargs: other verl keywords (``reward_router_address``, ...) are ignored.
 
     Returns:
@@ -178,7 +178,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
     Raises:
         UnknownDataSourceError: unknown ``data_source``, ``scorer`` or ``tolerance``.
-        ValueError: negative ``timeout_s``.
+        ValueError: negative ``timeout_s``, or no ``runner`` with a ``timeout_s`` other than 0.
         stapo_verl.rewards.timeout.WorkerStartError: the reward workers cannot start (e.g. math-verify missing).
     """
     route = route_for(data_source) if scorer is None else Route(
@@ -198,8 +198,11 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     if timeout_s is not None and float(timeout_s) == 0:
         out = score_response(route.scorer, route.tolerance, solution_str, ground_truth)
     else:
-        result = get_runner().run(score_response, route.scorer, route.tolerance, solution_str, ground_truth,
-                                  timeout_s=timeout_s)
+        if runner is None:
+            raise ValueError(f"compute_score(timeout_s={timeout_s!r}) needs a runner (a KillableRunner the caller "
+                             "owns; stapo_verl.rewards.compute_score brings its own), or timeout_s=0")
+        result = runner.run(score_response, route.scorer, route.tolerance, solution_str, ground_truth,
+                            timeout_s=timeout_s)
         if result.timed_out:
             out = {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": not _has_box(solution_str)}
         elif result.error is not None:  # the scorer raised on this input (or its worker died): a wrong answer
@@ -210,3 +213,60 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     # verl's validation dump records reward-extra keys per row; the source lets stapo_verl.plots compute a
     # per-benchmark standard error. verl skips string values in its metrics.
     return {**out, "data_source": str(data_source)}
+
+
+class RewardFunction:
+    """verl's custom reward function with the killable workers it scores in: ``stapo_verl.rewards.compute_score``.
+
+    Each lookup of ``stapo_verl.rewards.compute_score`` returns a new one (the package's ``__getattr__``): verl
+    loads the function once per reward manager (``verl.utils.import_utils.load_extern_object`` in
+    ``verl.trainer.ppo.reward.get_custom_reward_fn``) and holds it, so the workers belong to that manager. The
+    runner (:func:`runner_from_env`) is created on the first call that needs it (not for ``timeout_s=0``); calls
+    may come from many threads (verl's executor). A copy (pickle) starts without workers.
+
+    Args:
+        runner: the workers to score in; default: :func:`runner_from_env` on first use.
+    """
+
+    def __init__(self, runner: KillableRunner | None = None) -> None:
+        self._runner = runner
+        self._lock = threading.Lock()
+
+    @property
+    def runner(self) -> KillableRunner:
+        """The :class:`KillableRunner` of this function (created on first use).
+
+        Raises:
+            ValueError: ``STAPO_REWARD_TIMEOUT_S`` is not a positive number.
+        """
+        with self._lock:
+            if self._runner is None:
+                self._runner = runner_from_env()
+            return self._runner
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                 **kwargs) -> dict:
+        """:func:`compute_score` with this function's runner (same arguments, results and errors)."""
+        timeout_s = kwargs.get("timeout_s")
+        in_process = timeout_s is not None and float(timeout_s) == 0
+        return compute_score(data_source, solution_str, ground_truth, extra_info,
+                             runner=None if in_process else self.runner, **kwargs)
+
+    def close(self) -> None:
+        """Stop the workers (idempotent; a later call starts new ones)."""
+        with self._lock:
+            runner, self._runner = self._runner, None
+        if runner is not None:
+            runner.close()
+
+    def __enter__(self) -> RewardFunction:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()

@@ -43,7 +43,7 @@ DAPO_TAIL_CHARS = 300
 
 # ----------------------------------------------------------------- verl.utils.reward_score.math_dapo
 
-SUBSTITUTIONS = [
+SUBSTITUTIONS = (
     ("an ", ""),
     ("a ", ""),
     (".$", "$"),
@@ -54,9 +54,9 @@ SUBSTITUTIONS = [
     (",\\text{and}", ","),
     ("\\text{and}", ","),
     ("\\text{m}", "\\text{}"),
-]
+)
 
-REMOVED_EXPRESSIONS = [
+REMOVED_EXPRESSIONS = (
     "square",
     "ways",
     "integers",
@@ -98,7 +98,7 @@ REMOVED_EXPRESSIONS = [
     "{,}",
     '"',
     "\\dots",
-]
+)
 
 
 def normalize_final_answer(final_answer: str) -> str:

@@ -1,15 +1,21 @@
 """Code that runs inside the reward worker processes of :class:`stapo_verl.rewards.timeout.KillableRunner`.
 
 The fork server imports :mod:`stapo_verl.rewards.warm` once (``set_forkserver_preload``), which runs
-:func:`warm_up` (imports math-verify and sympy, runs one parse), so every worker forked from it starts warm. A
-failure is recorded, not raised (the fork server ignores preload errors); :func:`initialize` tries again in the
-worker and keeps the error, which :func:`call` then raises as :class:`~stapo_verl.rewards.timeout.WorkerStartError`
-on every call: the caller learns why, instead of getting wrong answers. Importing this module itself is cheap (the
-trainer process imports it to reference :func:`initialize` and :func:`call`).
+:func:`warm_up` (imports math-verify and sympy, runs one parse), so every worker forked from it starts warm. Whether
+a process is warm is not kept in a variable: it is whether :mod:`stapo_verl.rewards.warm` is imported in it
+(``sys.modules``, inherited by every worker the fork server forks). A failed warm-up raises
+:class:`ScorersUnavailable` (an ``ImportError``, which the fork server ignores) out of that import, so the module is
+not imported; :func:`initialize` tries again in the worker, and :func:`call` imports it before every call (a
+dictionary look-up once it is imported) and turns the failure into
+:class:`~stapo_verl.rewards.timeout.WorkerStartError`: the caller learns why, instead of getting wrong answers.
+Importing this module itself is cheap (the trainer process imports it to reference :func:`initialize` and
+:func:`call`).
 """
 
 from __future__ import annotations
 
+import importlib
+import multiprocessing.spawn
 import os
 import signal
 import sys
@@ -17,31 +23,62 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["call", "initialize", "warm_up"]
+from stapo_verl.rewards.timeout import PRELOAD_MODULE, WorkerStartError
 
-#: ``"ExcType: message"`` plus traceback of a failed warm-up in this process, else None.
-WARM_UP_ERROR: str | None = None
-_WARM = False
+__all__ = ["ScorersUnavailable", "call", "initialize", "keep_main_module_out_of_workers", "warm_up"]
+
+#: keys of multiprocessing's preparation data that re-run the parent's main module in a child
+_MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
+
+
+class ScorersUnavailable(ImportError):
+    """The scorers cannot be imported or run in this process (the message is ``"ExcType: message"`` plus the
+    last frames of its traceback). An ``ImportError`` so that the fork server's preload ignores it."""
 
 
 def warm_up() -> None:
     """Import the scorers and run one parse, so that the first scored answer does not pay for it.
 
-    Never raises: a failure is kept in :data:`WARM_UP_ERROR`.
+    Raises:
+        ScorersUnavailable: the import or the parse failed (the message carries the exception and its traceback).
     """
-    global WARM_UP_ERROR, _WARM
-    if _WARM:
-        return
     try:
         from stapo_verl.rewards import equivalence
         from stapo_verl.rewards.routing import score_response  # noqa: F401 - imported to be warm
 
         equivalence.answers_equivalent("\\frac{1}{2}", "0.5")
-        WARM_UP_ERROR = None
-        _WARM = True
     except BaseException as exc:  # noqa: BLE001 - reported to every caller by call()
-        WARM_UP_ERROR = "".join(traceback.format_exception_only(type(exc), exc)).strip() + "\n" + "".join(
-            traceback.format_tb(exc.__traceback__)[-3:])
+        raise ScorersUnavailable(
+            "".join(traceback.format_exception_only(type(exc), exc)).strip() + "\n"
+            + "".join(traceback.format_tb(exc.__traceback__)[-3:])) from None
+
+
+def keep_main_module_out_of_workers() -> None:
+    """In the fork server: prepare pebble's workers without re-running the caller's main module (idempotent).
+
+    For every child, multiprocessing re-runs the parent's ``__main__`` (``multiprocessing.spawn.prepare``:
+    ``init_main_from_path`` / ``init_main_from_name``), which executes the top level of a script without a main
+    guard in each worker, and imports ``verl.trainer.main_ppo`` (torch, about 5 s) into each worker when that is
+    the main module. The reward workers run only functions of ``stapo_verl`` and pebble, so for pebble's workers
+    (process name ``pebble.pool.process.WORKERS_NAME``) ``prepare`` runs without those two keys; any other process
+    forked from the server is prepared as usual. ``multiprocessing.spawn.prepare`` is replaced in the process that
+    calls this (the fork server, which imports :mod:`stapo_verl.rewards.warm`), never in the trainer: the original
+    is kept by the replacement, and a replacement already in place (marked ``_stapo_keeps_main_out``) is kept.
+    """
+    from pebble.pool.process import WORKERS_NAME
+
+    original = multiprocessing.spawn.prepare
+    if getattr(original, "_stapo_keeps_main_out", False):
+        return
+
+    def prepare(data: dict) -> None:
+        """``multiprocessing.spawn.prepare`` without the main-module step for pebble's workers."""
+        if data.get("name") == WORKERS_NAME:
+            data = {k: v for k, v in data.items() if k not in _MAIN_KEYS}
+        original(data)
+
+    prepare._stapo_keeps_main_out = True
+    multiprocessing.spawn.prepare = prepare
 
 
 def _release_fork_server() -> None:
@@ -78,17 +115,26 @@ def _die_with_parent() -> None:
         os._exit(0)
 
 
-def _limit_memory() -> None:
-    """Cap the address space at ``STAPO_REWARD_WORKER_MEM_MB`` (default 8192; 0 = no cap).
+def _memory_cap_mb() -> int:
+    """``STAPO_REWARD_WORKER_MEM_MB`` (default 8192; 0 = no cap).
 
     Raises:
         ValueError: the variable is not an integer.
     """
     raw = os.environ.get("STAPO_REWARD_WORKER_MEM_MB", "8192")
     try:
-        mem_mb = int(raw)
+        return int(raw)
     except ValueError as exc:
         raise ValueError(f"STAPO_REWARD_WORKER_MEM_MB={raw!r} must be an integer (MiB; 0 = no cap)") from exc
+
+
+def _limit_memory() -> None:
+    """Cap the address space at ``STAPO_REWARD_WORKER_MEM_MB`` MiB.
+
+    Raises:
+        ValueError: the variable is not an integer.
+    """
+    mem_mb = _memory_cap_mb()
     if mem_mb > 0:
         import resource
 
@@ -98,28 +144,33 @@ def _limit_memory() -> None:
 
 def initialize() -> None:
     """pebble's ``initializer`` of every worker: default ``SIGTERM`` (immediate kill), die with the fork server
-    (which exits with the trainer), memory cap, warm-up. Never raises; a failure is reported by :func:`call`."""
-    global WARM_UP_ERROR
+    (which exits with the trainer), memory cap, warm-up (a no-op where the fork server warmed up). Never raises; a
+    failure is reported by :func:`call`."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _release_fork_server()
     _die_with_parent()
     try:
         _limit_memory()
-    except BaseException as exc:  # noqa: BLE001
-        WARM_UP_ERROR = f"{type(exc).__name__}: {exc}"
+    except ValueError:
+        return  # call() reports it
+    try:
+        importlib.import_module(PRELOAD_MODULE)
+    except BaseException:  # noqa: BLE001 - call() reports it
         return
-    warm_up()
 
 
 def call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Run one call in the worker.
 
     Raises:
-        WorkerStartError: the warm-up failed in this worker (the message carries its exception and traceback).
+        WorkerStartError: the memory cap is not an integer, or the warm-up (the import of
+            :mod:`stapo_verl.rewards.warm`) fails in this worker (the message carries its exception and traceback).
         Exception: whatever ``fn`` raises.
     """
-    if WARM_UP_ERROR is not None:
-        from stapo_verl.rewards.timeout import WorkerStartError
-
-        raise WorkerStartError(f"reward worker could not import the scorers: {WARM_UP_ERROR}")
+    try:
+        _memory_cap_mb()
+        importlib.import_module(PRELOAD_MODULE)  # a dictionary look-up once this process is warm
+    except BaseException as exc:  # noqa: BLE001 - whatever stops the warm-up is the caller's error, not an answer
+        reason = str(exc) if isinstance(exc, ScorersUnavailable) else f"{type(exc).__name__}: {exc}"
+        raise WorkerStartError(f"reward worker could not import the scorers: {reason}") from None
     return fn(*args, **kwargs)

@@ -8,7 +8,10 @@ plugin's actor option, ``rollout.full_determinism=True``). Batch sizes are shrun
 
 One command, three ways:
 
-1. **A**: 4 steps on an otherwise idle machine (checkpoints at 2 and 4, validation at 4).
+1. **A**: 4 steps on an otherwise idle machine (checkpoints at 2 and 4, validation at 4), logging to every tracker
+   (``LOGGER=[console,file,tensorboard,wandb]``, wandb offline in ``<run dir>/wandb``). Its TensorBoard files and
+   wandb run directory are read back (tables, histograms, charts; wandb's table JSON) and its console must show the
+   collapse early-warning (a threshold this low fires once the 2-step warm-up is over).
 2. **B**: the same command while a CPU burner runs, killed with ``kill -9`` (the whole process tree) after its
    step-2 checkpoint, once it has written rows of step 3; a half-written ``global_step_4`` is left behind, as a kill
    during a save leaves it. Then the same command again (burner still running): it resumes from step 2.
@@ -24,8 +27,10 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from support.procs import cpu_burner, kill_tree
 from support.runs import (
+    GRAD_SHARE_KEYS,
     SMALL,
     check_mask_and_denominator,
     failure_text,
@@ -35,7 +40,9 @@ from support.runs import (
     run_config,
     run_recipe,
 )
-from support.trackers import check_tensorboard, event_accumulator
+from support.trackers import check_tensorboard, event_accumulator, tables
+
+from stapo_verl.minibatch.dump_schema import SCHEMA
 
 PL = "actor_rollout_ref.actor.policy_loss"
 #: τ_p = 0.9 makes many tokens of positive-advantage responses candidates (at the recipe's 0.1 this 8 x 4 batch has
@@ -43,7 +50,10 @@ PL = "actor_rollout_ref.actor.policy_loss"
 #: warm-up gives z-scores at steps 3 and 4, which a resume reproduces only with the restored windows; a token table
 #: every step
 COMMAND = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=4", f"{PL}.tau_p=0.9",
-           f"{PL}.collapse_warmup_steps=2", f"{PL}.dump_every=1"]
+           f"{PL}.collapse_warmup_steps=2", f"{PL}.collapse_z_threshold=0.001", f"{PL}.dump_every=1"]
+#: every tracker; the test session sets WANDB_MODE=disabled (tests/conftest.py), the recipe keeps a WANDB_MODE it is
+#: given
+ENV = {"LOGGER": "[console,file,tensorboard,wandb]", "WANDB_MODE": "offline"}
 
 
 def _rows(path):
@@ -62,11 +72,43 @@ def _has_step_row(path, step: int) -> bool:
     return path.exists() and any(r.get("step") == step for r in _rows(path) if r)
 
 
-def test_same_command_same_run_under_load_and_after_kill_9(tmp_path):
-    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    ra = run_recipe("tiny_cpu_stapo.sh", a_dir, *COMMAND, timeout=900)
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory):
+    """Run A: the command on an otherwise idle machine."""
+    a_dir = tmp_path_factory.mktemp("tiny_stapo") / "a"
+    ra = run_recipe("tiny_cpu_stapo.sh", a_dir, *COMMAND, timeout=900, **ENV)
     assert ra.returncode == 0, failure_text(a_dir, ra)
-    ma = metrics_by_step(a_dir / "metrics.jsonl")
+    return {"dir": a_dir, "proc": ra, "tb": event_accumulator(a_dir), "metrics": metrics_by_step(a_dir / "metrics.jsonl")}
+
+
+def test_tensorboard_holds_tables_histograms_and_charts(run_a):
+    check_tensorboard(run_a, 4, tau_p=0.9)
+
+
+def test_wandb_offline_run_holds_the_same_table(run_a):
+    found = tables(run_a["tb"], tau_p=0.9)
+    (run,) = (run_a["dir"] / "wandb").glob("offline-run-*")
+    files = sorted((run / "files" / "media" / "table" / "actor" / "stapo").glob("tokens_*.table.json"))
+    by_step = {int(f.name.split("_")[1]): json.loads(f.read_text()) for f in files}
+    assert set(by_step) == set(found)
+    for step, t in by_step.items():
+        assert t["columns"] == list(SCHEMA)
+        assert [str(r[SCHEMA.index("token_id")]) for r in t["data"]] == [r["token_id"] for r in found[step]]
+        assert [r[SCHEMA.index("kind")] for r in t["data"]] == [r["kind"] for r in found[step]]
+
+
+def test_console_has_the_collapse_early_warning(run_a):
+    out = run_a["proc"].stdout + (run_a["dir"] / "train.log").read_text(errors="replace")
+    m = run_a["metrics"]
+    # z-scores from step 3 (2 earlier values); the 0.001 threshold makes any change a warning
+    assert "actor/stapo/collapse/entropy_z" not in m[2] and "actor/stapo/collapse/entropy_z" in m[3]
+    warning = [x for x in out.splitlines() if "[stapo] collapse warning at step 3: actor/entropy = " in x]
+    assert warning and "No action taken." in warning[0] and "stapo_tokens.dp*.jsonl" in warning[0]
+
+
+def test_same_command_same_run_under_load_and_after_kill_9(tmp_path, run_a):
+    a_dir, b_dir = run_a["dir"], tmp_path / "b"
+    ma = run_a["metrics"]
     assert sorted(ma) == [1, 2, 3, 4]
     check_mask_and_denominator(ma)  # the S2T mask ran inside the actor worker and silenced tokens
     for step in (1, 2, 3, 4):
@@ -81,7 +123,7 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path):
     assert (a_dir / "ckpt" / "global_step_2" / "stapo_driver_state.json").is_file()
 
     with cpu_burner():
-        proc = recipe_process("tiny_cpu_stapo.sh", b_dir, *COMMAND, log=tmp_path / "b1.log")
+        proc = recipe_process("tiny_cpu_stapo.sh", b_dir, *COMMAND, log=tmp_path / "b1.log", **ENV)
         tracker = b_dir / "ckpt" / "latest_checkpointed_iteration.txt"
         try:
             _wait_for(lambda: tracker.exists() and tracker.read_text().strip() == "2", proc, 900, "checkpoint 2")
@@ -95,7 +137,7 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path):
         half.mkdir(parents=True, exist_ok=True)
         (half / "model_world_size_1_rank_0.pt").write_bytes(b"half-written")  # never loaded
 
-        rb = run_recipe("tiny_cpu_stapo.sh", b_dir, *COMMAND, timeout=900)
+        rb = run_recipe("tiny_cpu_stapo.sh", b_dir, *COMMAND, timeout=900, **ENV)
     assert rb.returncode == 0, failure_text(b_dir, rb)
     assert "(steps 3-4)" in rb.stdout  # resumed from global_step_2
 
@@ -107,10 +149,13 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path):
                   for r in _rows(d / "val_generations" / "4.jsonl")) for d in (a_dir, b_dir)]
     assert val[0] == val[1]  # verl names prompts by a random uuid4: the same rows, other uids
     check_tensorboard({"dir": b_dir, "tb": event_accumulator(b_dir), "metrics": mb}, 4, tau_p=0.9)
+    tb = event_accumulator(b_dir)
+    for key in GRAD_SHARE_KEYS:  # a scalar chart point per step, the value of metrics.jsonl (checked in [0, 1])
+        assert [(e.step, e.value) for e in tb.Scalars(key)] == [(s, pytest.approx(mb[s][key])) for s in sorted(mb)]
     assert json.loads((b_dir / "summary.json").read_text())["steps"] == 4
 
     # the same command again: the checkpoint is at the last step, so nothing runs and nothing is rewritten
     before = {p.name: p.read_bytes() for p in (b_dir / "metrics.jsonl", b_dir / "wall.json", b_dir / "summary.json")}
-    r3 = run_recipe("tiny_cpu_stapo.sh", b_dir, *COMMAND, timeout=240)
+    r3 = run_recipe("tiny_cpu_stapo.sh", b_dir, *COMMAND, timeout=240, **ENV)
     assert r3.returncode == 0, r3.stderr[-3000:]
     assert {name: (b_dir / name).read_bytes() for name in before} == before

@@ -62,11 +62,29 @@ def check_denominator(m: dict) -> None:
     assert m["actor/stapo/renorm_factor"] == pytest.approx(n_valid / kept)
 
 
+#: the silenced tokens' share of the PG logit-gradient norm² (Theorem 3.1's lower bound, and its upper-bound twin)
+GRAD_SHARE_KEYS = ("actor/stapo/silenced_grad_share", "actor/stapo/silenced_grad_share_upper")
+
+
+def check_silenced_grad_share(m: dict) -> None:
+    """One step's silenced-gradient shares: present, in [0, 1], 0 when nothing was silenced, and the upper-bound one
+    > 0 when something was (a silenced token's exact norm² is ≥ w² (1 − p)² > 0; the lower bound may be clamped to
+    0 at a silenced token with p near a large τ_p such as the e2e tests' 0.9)."""
+    for key in GRAD_SHARE_KEYS:
+        assert 0.0 <= m[key] <= 1.0, (key, m[key])
+        if m["actor/stapo/num_masked"] == 0:
+            assert m[key] == 0.0, (key, m[key])
+    if m["actor/stapo/num_masked"] > 0:
+        assert m["actor/stapo/silenced_grad_share_upper"] > 0.0
+
+
 def check_mask_and_denominator(m: dict[int, dict]) -> None:
-    """Every step's denominator (:func:`check_denominator`), and the run silenced tokens (summed over its steps:
-    a step may have no candidate, e.g. step 1 of the tiny run, whose positive-advantage tokens all have p > 0.9)."""
+    """Every step's denominator (:func:`check_denominator`) and silenced-gradient shares
+    (:func:`check_silenced_grad_share`), and the run silenced tokens (summed over its steps: a step may have no
+    candidate, e.g. step 1 of the tiny run, whose positive-advantage tokens all have p > 0.9)."""
     for step in m:
         check_denominator(m[step])
+        check_silenced_grad_share(m[step])
     assert sum(m[step]["actor/stapo/num_masked"] for step in m) > 0, {s: m[s]["actor/stapo/num_masked"] for s in m}
 
 

@@ -4,14 +4,15 @@ Loaded by :func:`stapo_verl.cpu.register` (``VERL_PLATFORM=cpu`` only) through :
 hook: nothing here imports megatron-core or mbridge until verl itself imports them, so processes that never touch
 the Megatron engine pay nothing.
 
-* when ``verl.workers.engine.megatron`` is imported → :func:`stapo_verl.cpu.megatron_shims.engine.register_engines` and
-  :func:`stapo_verl.cpu.megatron_shims.core.install` (megatron-core sites);
+* when ``verl.workers.engine.megatron`` is imported → the ledger's megatron-core entries are checked, then
+  :func:`stapo_verl.cpu.megatron_shims.engine.register_engines` and :func:`stapo_verl.cpu.megatron_shims.core.install`
+  (megatron-core sites);
 * when ``mbridge`` is imported (verl imports it lazily in ``_build_tf_config`` when ``vanilla_mbridge=True``) →
-  :func:`stapo_verl.cpu.megatron_shims.bridge.install`.
+  the ledger's mbridge entries are checked, then :func:`stapo_verl.cpu.megatron_shims.bridge.install`.
 
-Each shim names its site in its module's docstring, is idempotent and edits no installed file. Megatron-Bridge
-(verl's default ``vanilla_mbridge=False``) is not supported on the CPU: it cannot be installed here (see
-docs/cpu_backend.md).
+Each shim names its site in its module's docstring and in the ledger (:mod:`stapo_verl.cpu.ledger`), is idempotent
+and edits no installed file. Megatron-Bridge (verl's default ``vanilla_mbridge=False``) is not supported on the CPU:
+it cannot be installed here (see docs/cpu_backend.md).
 """
 
 from __future__ import annotations
@@ -23,22 +24,27 @@ MBRIDGE_MODULE = "mbridge"
 
 
 def _on_engine(module) -> None:
+    from stapo_verl.cpu import ledger
     from stapo_verl.cpu.megatron_shims import core, engine
 
+    ledger.check(ledger.MEGATRON_CORE_PATCHES, ledger.MEGATRON_CORE_WRITTEN_FOR)
     core.install()
     engine.register_engines(module)
 
 
-def _on_mbridge(module) -> None:
+def _on_mbridge(_module) -> None:
+    from stapo_verl.cpu import ledger
     from stapo_verl.cpu.megatron_shims import bridge
 
+    ledger.check(ledger.MBRIDGE_PATCHES, ledger.MBRIDGE_WRITTEN_FOR)
     bridge.install()
 
 
-_HOOKS = {ENGINE_MODULE: _on_engine, MBRIDGE_MODULE: _on_mbridge}
-
-
 def install_hooks() -> None:
-    """Apply the shims now for hooked modules already imported, else when they are first imported (idempotent)."""
-    for name, hook in _HOOKS.items():
-        when_imported(name, hook)
+    """Apply the shims now for hooked modules already imported, else when they are first imported (idempotent).
+
+    Each hook first checks its part of the ledger (:mod:`stapo_verl.cpu.ledger`), so a megatron-core or mbridge the
+    shims were not written for fails at the import that would use them, naming the site.
+    """
+    when_imported(ENGINE_MODULE, _on_engine)
+    when_imported(MBRIDGE_MODULE, _on_mbridge)

@@ -11,7 +11,7 @@ Sites (mbridge/core/…):
   :func:`_stay_on_cpu` makes ``nn.Module.cuda`` a no-op for the duration of that one call (the name is rebound in
   ``mbridge.core.util`` and ``mbridge.core.bridge``, which imports it at :16).
 * ``torch.cuda.current_device()`` in ``bridge.py:321`` (weight export) and ``util.py:323``: the modules' global
-  ``torch`` is :data:`stapo_verl.cpu.megatron_shims.torch_proxy.TORCH_ON_CPU` (as for megatron-core).
+  ``torch`` is a :class:`stapo_verl.cpu.megatron_shims.torch_proxy.TorchOnCPU` (as for megatron-core).
 * ``bridge.py:646/671`` ``_weight_name_mapping_mcore_to_hf``: knows only TE's fused norm names
   (``linear_qkv.layer_norm_weight``, ``linear_fc1.layer_norm_weight``). :func:`_local_norm_names` maps the local
   spec's ``input_layernorm.weight``/``pre_mlp_layernorm.weight`` onto them first (both load and export use it).
@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-
-import torch
 
 from stapo_verl.cpu.megatron_shims.torch_proxy import install_into
 
@@ -77,12 +75,14 @@ def _local_norm_names() -> None:
 
 @contextlib.contextmanager
 def _module_cuda_is_noop():
-    prev = torch.nn.Module.cuda
-    torch.nn.Module.cuda = lambda self, device=None: self
+    from torch.nn.modules.module import Module  # torch.nn.Module
+
+    prev = Module.cuda
+    Module.cuda = lambda self, device=None: self
     try:
         yield
     finally:
-        torch.nn.Module.cuda = prev
+        Module.cuda = prev
 
 
 def _stay_on_cpu() -> None:

@@ -48,6 +48,7 @@ import contextlib
 import functools
 import importlib
 import logging
+from types import MappingProxyType
 
 import torch
 
@@ -112,29 +113,29 @@ def _cpu_rng_state() -> None:
         torch.set_rng_state(new_state)
 
     _get_cuda_rng_state._stapo_cpu = _set_cuda_rng_state._stapo_cpu = True
-    # fork() (random.py:270) warns when the CPU generator moved inside the context; here the forked generator *is*
-    # the CPU one, so that warning would fire on every fork.
-    logging.getLogger(mrandom.__name__).addFilter(_drop_cpu_rng_warning)
+    # fork() (random.py:265) warns when the CPU generator moved inside the context; here the forked generator *is*
+    # the CPU one, so that warning would fire on every fork. (addFilter adds a filter once.)
+    logging.getLogger("megatron.core.tensor_parallel.random").addFilter(_drop_cpu_rng_warning)
     mrandom._get_cuda_rng_state = _get_cuda_rng_state
     mrandom._set_cuda_rng_state = _set_cuda_rng_state
 
 
-_CUDA_TYPE = {torch.float32: "torch.cuda.FloatTensor", torch.float16: "torch.cuda.HalfTensor",
-              torch.bfloat16: "torch.cuda.BFloat16Tensor"}
-_REAL_TYPE = torch.Tensor.type
-
-
-def _type_as_cuda(self, dtype=None, non_blocking=False, **kwargs):
-    if dtype is None and not kwargs and self.device.type == "cpu" and self.dtype in _CUDA_TYPE:
-        return _CUDA_TYPE[self.dtype]
-    return _REAL_TYPE(self, dtype, non_blocking, **kwargs)
+#: what ``Tensor.type()`` returns on CUDA for the dtypes megatron-core's asserts compare against (read-only)
+_CUDA_TYPE_NAMES = MappingProxyType({torch.float32: "torch.cuda.FloatTensor", torch.float16: "torch.cuda.HalfTensor",
+                                     torch.bfloat16: "torch.cuda.BFloat16Tensor"})
 
 
 @contextlib.contextmanager
 def _cuda_type_names_ctx():
     """While active, ``cpu_tensor.type()`` returns the CUDA type name megatron-core's asserts compare against."""
     prev = torch.Tensor.type
-    torch.Tensor.type = _type_as_cuda
+
+    def type_as_cuda(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs and self.device.type == "cpu" and self.dtype in _CUDA_TYPE_NAMES:
+            return _CUDA_TYPE_NAMES[self.dtype]
+        return prev(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = type_as_cuda
     try:
         yield
     finally:

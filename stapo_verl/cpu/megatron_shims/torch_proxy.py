@@ -4,8 +4,8 @@ megatron-core 0.16.1 writes ``torch.cuda.current_device()``, ``torch.cuda.synchr
 ``torch.cuda.get_rng_state()`` and literal ``device="cuda"`` inside its functions. They cannot be fixed by
 arguments. Instead of a global torch function mode (overhead on every op in the process) or editing
 ``torch.cuda`` for the whole process, :func:`install_into` rebinds the global name ``torch`` *only in the named
-megatron modules* to a :class:`TorchOnCPU` object. It forwards every attribute to the real ``torch`` (cached on
-first use, so later lookups are plain module-dict hits) except:
+megatron modules* to a :class:`TorchOnCPU` object (one per module, held by that module). It forwards every
+attribute to the real ``torch`` (cached on first use, so later lookups are plain module-dict hits) except:
 
 * ``torch.cuda.current_device()`` → ``torch.device("cpu")``; ``synchronize``/``empty_cache`` → no-ops;
   ``get_rng_state``/``set_rng_state``/``manual_seed`` → torch's CPU generator (the RNG tracker's fork then forks
@@ -81,11 +81,9 @@ class TorchOnCPU(types.ModuleType):
         return value
 
 
-TORCH_ON_CPU = TorchOnCPU()
-
-
 def install_into(module) -> bool:
-    """Rebind ``module.torch`` to :data:`TORCH_ON_CPU` (idempotent).
+    """Rebind ``module.torch`` to a new :class:`TorchOnCPU` (idempotent: a module whose ``torch`` already is one keeps
+    it).
 
     Args:
         module: an imported module whose global ``torch`` is the real torch (``import torch``).
@@ -95,9 +93,9 @@ def install_into(module) -> bool:
         TypeError: the module has no global ``torch`` module (the site list no longer matches megatron-core).
     """
     current = getattr(module, "torch", None)
-    if current is TORCH_ON_CPU:
+    if isinstance(current, TorchOnCPU):
         return False
     if current is not torch:
         raise TypeError(f"{module.__name__}: expected a global 'torch' module to shim, found {current!r}")
-    module.torch = TORCH_ON_CPU
+    module.torch = TorchOnCPU()
     return True

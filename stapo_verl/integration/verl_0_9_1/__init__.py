@@ -6,14 +6,25 @@ pre-pass in ``TrainingWorker.train_batch``, ``ppo_loss`` applying the mask to th
 entry says why, what upstream replaces it, when to remove it, and the fingerprint of the verl 0.9.1 symbol it was
 written against (signature; for a function whose body the plugin copies, the sha256 of its source).
 
-The gate (:func:`check_verl`) runs at plugin load, before anything is patched. It reads verl's version and the
-fingerprints from verl's source files (``ast``; nothing heavy is imported) and raises :class:`IncompatibleVerlError`
-naming the expected and the found version and the first symbol that differs. ``STAPO_ALLOW_UNSUPPORTED_VERL=1``
-lets someone who knows what they are doing proceed, with a loud warning.
+The gate runs at plugin load (:func:`install`), before anything is patched. It reads verl's version and the
+fingerprints from verl's source files (``ast``; nothing heavy is imported). It is scoped to the jobs that use the
+plugin, because the plugin is loaded by ``import verl`` in every process of every verl job of the environment:
+
+* the verl of :data:`PATCHES`: everything is installed;
+* any other verl (version or a fingerprint differs): one warning line naming both versions, and nothing in verl is
+  patched (nor is the CPU platform registered: it patches verl's private API too). ``import verl`` and every job
+  that asks for neither ``loss_mode=stapo`` nor a ``token_mask`` run exactly as without the plugin. Through public
+  registration APIs only (Hydra's ``ConfigStore``, verl's ``register_policy_loss``), a job that asks for the plugin
+  fails naming both versions and the override: when verl builds its config (``StapoPolicyLossConfig``, the
+  ``policy_loss._target_`` of the plugin's actor options that the recipes select, checks :func:`installed`), or, for
+  ``loss_mode=stapo`` on verl's own ``PolicyLossConfig`` (verl 0.9 validates ``loss_mode`` nowhere before), at the
+  first call of the registered ``stapo`` loss;
+* ``STAPO_ALLOW_UNSUPPORTED_VERL=1``: everything is installed anyway, after a loud warning listing every difference.
 
 :class:`IncompatibleVerlError` derives from ``BaseException`` (like ``SystemExit``) on purpose: verl's plugin loader
 (the ``verl.plugins`` entry-point loop in ``verl/__init__.py``) catches every ``Exception`` and logs it at DEBUG
-level, which would turn a mismatch into a silently missing plugin.
+level, so a job that asks for the plugin must not get an error any ``except Exception`` on its way could turn into a
+silently missing plugin. Ray hands it to the driver as a ``RayTaskError`` like any other.
 """
 
 from __future__ import annotations
@@ -33,7 +44,8 @@ ALLOW_ENV = "STAPO_ALLOW_UNSUPPORTED_VERL"
 
 
 class IncompatibleVerlError(BaseException):
-    """The installed verl is not the one the plugin's private-API patches were written for.
+    """A job asks for the plugin (``loss_mode=stapo`` or a ``token_mask``), but the installed verl is not the one the
+    plugin's private-API patches were written for.
 
     A ``BaseException`` so that verl's plugin loader, which catches ``Exception``, cannot hide it.
     """
@@ -72,7 +84,7 @@ PATCHES: tuple[Patch, ...] = (
         why="run the policy token mask once per optimizer mini-batch, before the engine counts the mini-batch's "
         "tokens (batch_num_tokens) and splits it into micro-batches; add the mask's metrics to the output",
         upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, pre_loss_fn=None); train_batch runs the pre-pass "
-        "before engine.train_batch; train_mini_batch passes mini_batch_index; init_model passes "
+        "before engine.train_batch; init_model passes "
         "partial(apply_policy_token_mask, actor_config) when token_mask is set",
         remove_when=_REMOVE,
         signature="(self, data: TensorDict) -> TensorDict",
@@ -216,6 +228,102 @@ PATCHES: tuple[Patch, ...] = (
         source_sha256="ee811eb53021abd8cd7d09df02f977f05d8c0af78a28aff4151f73e4374cee9d",
     ),
     Patch(
+        symbol="verl.workers.engine_workers.TrainingWorker.train_mini_batch",
+        action="relied on (not patched): calls train_batch once per optimizer mini-batch with "
+        "update_lr_scheduler=True on the last one of the update and False before it",
+        why="the mask's mini-batch index (MiniBatchCursor: s2t_random's seed, the token dump's rows, the "
+        "diagnostics payload sent once per update) restarts after the call that carries update_lr_scheduler=True",
+        upstream="none in the series (only the plugin's s2t_random seed, token dump and diagnostics need the "
+        "index); it goes when verl's train_mini_batch passes its loop index to train_batch",
+        remove_when="when verl's train_mini_batch passes the mini-batch index to train_batch",
+        signature="(self, data: TensorDict) -> TensorDict",
+        source_sha256="db1122bf51bb9e713a3c0679fb21f0416c1e12817c62338e7ab6e87c703dcf12",
+    ),
+    Patch(
+        symbol="verl.workers.engine_workers.TrainingWorker.infer_batch",
+        action="relied on (not called): the engine keys it injects before engine.infer_batch "
+        "(use_remove_padding, use_dynamic_bsz, max_token_len_per_gpu, micro_batch_size_per_gpu, use_fused_kernels)",
+        why="stats_source=current_minibatch runs the engine's forward on the mini-batch itself "
+        "(training_worker.infer_keys copies these key names): the pre-pass runs inside train_batch on every rank, "
+        "where the worker's infer_batch (a dispatched method that also post-processes and moves the output to "
+        "the CPU) cannot be called",
+        upstream="none in the series (current_minibatch is an option of the plugin only)",
+        remove_when="when current_minibatch moves upstream or is dropped",
+        signature="(self, data: TensorDict) -> TensorDict",
+        source_sha256="8e6ae2d7c16d4f1f22e4d6fd03344f8518b1145f5438cd3fb5ab96d3fdad5767",
+    ),
+    Patch(
+        symbol="verl.workers.engine.base.BaseEngine.eval_mode",
+        action="called (stapo_verl.minibatch.current_policy): eval_mode(disable_auto_offload=True)",
+        why="the current policy's log-prob and entropy, without dropout and without offloading the weights the "
+        "next engine.train_batch needs",
+        upstream="none in the series (current_minibatch is an option of the plugin only)",
+        remove_when="when current_minibatch moves upstream or is dropped",
+        signature="(self, **kwargs)",
+    ),
+    Patch(
+        symbol="verl.workers.engine.base.BaseEngine.infer_batch",
+        action="called (stapo_verl.minibatch.current_policy): infer_batch(td, loss_function=None) with "
+        "calculate_entropy=True; reads the output's log_probs and entropy",
+        why="as eval_mode",
+        upstream="none in the series (current_minibatch is an option of the plugin only)",
+        remove_when="when current_minibatch moves upstream or is dropped",
+        signature="(self, data: TensorDict, loss_function: Optional[Callable]=None) -> Any",
+    ),
+    Patch(
+        symbol="verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
+        action="relied on (not patched): builds the actor's loss as partial(ppo_loss, config=actor_config) from "
+        "the module-level name ppo_loss, and distillation's as partial(distillation_ppo_loss, ...)",
+        why="the ppo_loss rebinding above reaches the actor only through this call; training_worker.actor_config_of "
+        "reads the actor config from the partial's keywords, and train_batch refuses a token_mask when the loss "
+        "is not the plugin's ppo_loss",
+        upstream="PR A: init_model passes the actor config to ppo_loss, which applies the mask itself",
+        remove_when=_REMOVE,
+        signature="(self)",
+        source_sha256="8bf2619c9dbfa87754b49584fbb66f75939bbd485998d217a970859a1c9597cb",
+    ),
+    Patch(
+        symbol="verl.workers.engine_workers.TrainingWorker.__init__",
+        action="state kept on the instance: _stapo_cursor (training_worker.MiniBatchCursor: mini-batch index, "
+        "histograms and token rows of the update) and _stapo_tokenizer (the tokenizer for the token dump when "
+        "model_config has none)",
+        why="the wrapped train_batch is called once per mini-batch and needs the index and the rows of the earlier "
+        "mini-batches of the same update; the worker instance is the only object that lives exactly as long",
+        upstream="none in the series: the cursor serves the plugin-only s2t_random seed, token dump and tables",
+        remove_when="when verl's train_mini_batch passes the mini-batch index and the plugin keeps no per-update rows",
+        signature="(self, config: TrainingWorkerConfig)",
+    ),
+    Patch(
+        symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer.__init__",
+        action="state kept on the instance: _stapo_diagnostics (diagnostics.driver.DriverDiagnostics: the collapse "
+        "early-warning's windows, the tables' schedule), saved and restored with the checkpoint",
+        why="the driver-side diagnostics live as long as the trainer and are read by the wrapped _update_actor, "
+        "_save_checkpoint and _load_checkpoint",
+        upstream="none in the series (the diagnostics are the plugin's)",
+        remove_when="never while the plugin has driver-side diagnostics",
+        signature="(self, config: DictConfig)",
+    ),
+    Patch(
+        symbol="verl.trainer.main_ppo.main",
+        action="relied on (called by the dry-run, stapo_verl.launch.dryrun, with ray.init and ray.is_initialized "
+        "replaced by unittest.mock for the call): validates and resolves the config, then calls ray.init",
+        why="the dry-run runs verl's own start-up up to the point where it would start Ray",
+        upstream="none (a launcher tool of the plugin)",
+        remove_when="never while the dry-run runs verl's start-up",
+        signature="(config)",
+        source_sha256="02d2b3ef6012de200e8349455e25c304d227aeff66e861e2a60752482b5d252f",
+    ),
+    Patch(
+        symbol="verl.trainer.main_ppo.TaskRunnerV1.run",
+        action="relied on (called by the dry-run on TaskRunnerV1.__ray_actor_class__(), with transfer_queue.init "
+        "replaced by unittest.mock for the call): builds the trainer's pieces, then calls transfer_queue.init",
+        why="the dry-run checks the worker/trainer selection verl would make, without Ray or TransferQueue",
+        upstream="none (a launcher tool of the plugin)",
+        remove_when="never while the dry-run runs verl's start-up",
+        signature="(self, config: DictConfig)",
+        source_sha256="661a86160739a0dcc1014f71164b707641d7a59b6edc05b4c69a39cb56758fc0",
+    ),
+    Patch(
         symbol="verl.utils.config.validate_config",
         action="wrapped (driver_config.wrap_validate_config)",
         why="on the driver, before verl builds any config object: point policy_loss._target_ at the plugin's "
@@ -294,39 +402,123 @@ def mismatches() -> list[str]:
     found = installed_verl_version()
     if found != VERL_VERSION:
         problems.append(f"verl {found} is installed; stapo-verl's integration is written for verl {VERL_VERSION}")
-    for patch in PATCHES:
-        signature, digest = fingerprint(patch.symbol)
-        if signature is None:
-            problems.append(f"{patch.symbol}: not found")
-        elif signature != patch.signature:
-            problems.append(f"{patch.symbol}: signature {signature!r}, expected {patch.signature!r}")
-        elif patch.source_sha256 is not None and digest != patch.source_sha256:
-            problems.append(f"{patch.symbol}: source differs from verl {VERL_VERSION}'s (sha256 {digest[:12]}…)")
-    return problems
+    from stapo_verl.integration.source_fingerprint import ledger_mismatches
+
+    return problems + ledger_mismatches(PATCHES, f"verl {VERL_VERSION}")
 
 
-def check_verl() -> None:
-    """The install-time gate: raise unless the installed verl matches :data:`PATCHES`.
+def allowed_anyway() -> bool:
+    """True when ``STAPO_ALLOW_UNSUPPORTED_VERL=1``: load the whole integration on a verl it was not written for."""
+    return os.environ.get(ALLOW_ENV, "") == "1"
+
+
+def describe_mismatch(problems: list[str]) -> str:
+    """``stapo-verl <version> is written for verl 0.9.1; found verl <found>`` and, when the version alone does not
+    explain it, the first symbol of :data:`PATCHES` that differs.
+
+    Args:
+        problems: the output of :func:`mismatches` (non-empty).
+    """
+    symbols = [p for p in problems if not p.startswith("verl ")]
+    return (
+        f"stapo-verl {_plugin_version()} is written for verl {VERL_VERSION}; found verl {installed_verl_version()}"
+        + (f" (first differing symbol: {symbols[0]})" if symbols and len(symbols) == len(problems) else "")
+    )
+
+
+def unsupported_verl_error(asked_by: str, problems: list[str] | None = None) -> IncompatibleVerlError:
+    """The error for a job that asks for the plugin on a verl the plugin was not written for (returned, not raised).
+
+    Args:
+        asked_by: what asked for the plugin, e.g. ``"actor_rollout_ref.actor.policy_loss.loss_mode='stapo'"``.
+        problems: :func:`mismatches` when already computed.
+
+    Returns:
+        :class:`IncompatibleVerlError` naming ``asked_by``, both verl versions (and the first differing symbol), the
+        fix and the override ``STAPO_ALLOW_UNSUPPORTED_VERL=1``.
+    """
+    problems = mismatches() if problems is None else problems
+    return IncompatibleVerlError(
+        f"{asked_by} needs stapo-verl's verl integration, which is not loaded: {describe_mismatch(problems)}. "
+        f"Install verl=={VERL_VERSION}; or, at your own risk, set {ALLOW_ENV}=1 in every process of the job (the "
+        "driver and the Ray workers) to load it anyway."
+    )
+
+
+def _inactive_warning(problems: list[str]) -> str:
+    return (
+        f"{describe_mismatch(problems)}: the plugin stays inactive (nothing in verl is patched, no CPU platform); "
+        f"jobs without loss_mode=stapo or a token_mask run as without it, jobs with them fail. Install "
+        f"verl=={VERL_VERSION}, or set {ALLOW_ENV}=1 to load it anyway."
+    )
+
+
+def _warn_override(problems: list[str]) -> None:
+    message = f"{describe_mismatch(problems)}. Loading it anyway because {ALLOW_ENV}=1, at your own risk"
+    warnings.warn(f"{message}. All differences: {problems}", stacklevel=3)
+    logger.warning("%s.", message)
+
+
+def check_verl(asked_by: str = "this job") -> None:
+    """The gate: raise unless the installed verl matches :data:`PATCHES` or the override is set.
+
+    Args:
+        asked_by: what needs the integration (named first in the error).
 
     Raises:
         IncompatibleVerlError: the version or a fingerprint differs and ``STAPO_ALLOW_UNSUPPORTED_VERL`` is not
-            ``1``; the message names the expected and found version and the first symbol that differs.
+            ``1`` (:func:`unsupported_verl_error`). With the override the call warns loudly (``warnings`` and the
+            log, every difference listed) and returns.
     """
     problems = mismatches()
     if not problems:
         return
-    symbols = [p for p in problems if not p.startswith("verl ")]
-    message = (
-        f"stapo-verl {_plugin_version()} needs verl=={VERL_VERSION}; found verl {installed_verl_version()}"
-        + (f"; first differing symbol: {symbols[0]}" if symbols else "")
-        + f". Install verl=={VERL_VERSION}, or uninstall stapo-verl, or disable plugins for this run "
-        f"(VERL_USE_EXTERNAL_PLUGINS=none). To load anyway, at your own risk: {ALLOW_ENV}=1."
-    )
-    if os.environ.get(ALLOW_ENV, "") == "1":
-        warnings.warn(f"{message} Proceeding because {ALLOW_ENV}=1. All differences: {problems}", stacklevel=2)
-        logger.warning("%s Proceeding because %s=1.", message, ALLOW_ENV)
+    if allowed_anyway():
+        _warn_override(problems)
         return
-    raise IncompatibleVerlError(message)
+    raise unsupported_verl_error(asked_by, problems)
+
+
+def installed() -> bool:
+    """Whether :func:`install` put the integration in place in this process.
+
+    Read from verl itself: the ``verl.utils.config.validate_config`` wrapper is the first, eager patch of the full
+    install and carries the ``__stapo_integration__`` mark; on a verl the plugin was not written for it is absent.
+    """
+    import verl.utils.config as verl_config
+
+    return bool(getattr(verl_config.validate_config, "__stapo_integration__", False))
+
+
+def unsupported_verl_policy_loss(*args, **kwargs):
+    """``loss_mode=stapo`` on a verl the plugin was not written for (registered with verl's public
+    ``verl.trainer.ppo.core_algos.register_policy_loss``; verl looks the loss up at its first call in the actor).
+
+    Raises:
+        IncompatibleVerlError: always (:func:`unsupported_verl_error`).
+    """
+    raise unsupported_verl_error("actor_rollout_ref.actor.policy_loss.loss_mode='stapo'")
+
+
+def _register_unsupported() -> None:
+    """What the plugin registers on a verl it was not written for, through public registration APIs only.
+
+    Hydra's ``ConfigStore`` gets the actor options ``actor/stapo_<engine>_actor`` (so a recipe that selects one
+    composes, and its ``policy_loss._target_``, :class:`stapo_verl.core.config.StapoPolicyLossConfig`, raises the
+    version error when verl builds the config); verl's ``register_policy_loss`` gets ``stapo`` as
+    :func:`unsupported_verl_policy_loss`. A failure here (a verl without these public names) is logged: a job asking
+    for the plugin then fails with verl's or Hydra's own error after the warning line.
+    """
+    try:
+        from verl.trainer.ppo.core_algos import register_policy_loss
+
+        from stapo_verl.core import hydra_options
+
+        hydra_options.register()
+        # after hydra_options, whose import of stapo_verl.core.masks registers the real "stapo"
+        register_policy_loss("stapo")(unsupported_verl_policy_loss)
+    except Exception as e:  # the gate must never break a job that does not ask for the plugin
+        logger.warning("stapo-verl could not register its version-error stand-ins: %s: %s", type(e).__name__, e)
 
 
 def _plugin_version() -> str:
@@ -335,18 +527,29 @@ def _plugin_version() -> str:
     return __version__
 
 
-def install() -> None:
-    """Check verl (:func:`check_verl`), then install every patch of :data:`PATCHES` (idempotent).
+def install() -> bool:
+    """Gate, then install every patch of :data:`PATCHES` (idempotent).
 
-    Eager: the ``validate_config`` wrapper and the Hydra options. Lazy (post-import hooks, so loading the plugin
-    imports neither the worker stack nor ``main_ppo``): the ``TrainingWorker`` and ``ppo_loss`` patches, the
-    ``run_ppo`` wrapper, the v1 trainer's ``_update_actor`` wrapper, the rollout seeds and batch order
+    On the verl of :data:`PATCHES` (or with ``STAPO_ALLOW_UNSUPPORTED_VERL=1``, after a loud warning): eager, the
+    ``validate_config`` wrapper and the Hydra options; lazy (post-import hooks, so loading the plugin imports
+    neither the worker stack nor ``main_ppo``), the ``TrainingWorker`` and ``ppo_loss`` patches, the ``run_ppo``
+    wrapper, the v1 trainer's wrappers, the rollout seeds and batch order
     (:mod:`~stapo_verl.integration.verl_0_9_1.determinism`).
 
-    Raises:
-        IncompatibleVerlError: see :func:`check_verl`.
+    On any other verl: one warning line naming both versions, nothing patched, only the public registrations of
+    :func:`_register_unsupported`, so that ``import verl`` and every job that asks for neither ``loss_mode=stapo``
+    nor a ``token_mask`` run exactly as without the plugin, and one that asks fails naming both versions.
+
+    Returns:
+        True if the integration is installed, False if the plugin stays inactive.
     """
-    check_verl()
+    problems = mismatches()
+    if problems and not allowed_anyway():
+        logger.warning("%s", _inactive_warning(problems))
+        _register_unsupported()
+        return False
+    if problems:
+        _warn_override(problems)
     from stapo_verl.core import hydra_options, masks  # noqa: F401  (masks: registers the masks and loss_mode=stapo)
     from stapo_verl.integration.post_import import when_imported
     from stapo_verl.integration.verl_0_9_1 import determinism, driver_config, trainer, training_worker
@@ -358,3 +561,4 @@ def install() -> None:
     when_imported("verl.experimental.agent_loop.agent_loop", determinism.patch_agent_loop)
     when_imported("verl.trainer.ppo.v1.replay_buffer", determinism.patch_replay_buffer)
     hydra_options.register()
+    return True

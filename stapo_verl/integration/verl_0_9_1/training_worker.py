@@ -119,9 +119,11 @@ def _current_minibatch_mask(worker, config, data, dp_group) -> dict:
     valid = _padded(data["response_mask"]).bool()
     differ = ((_padded(current[POLICY_LOSS_MASK_KEY]) != _padded(old[POLICY_LOSS_MASK_KEY])) & valid).sum()
     counts = torch.stack([differ, valid.sum()]).double()
-    from stapo_verl.algo.s2t import _sum_over_group
+    import torch.distributed as dist
 
-    counts = _sum_over_group(counts, dp_group).cpu()
+    if dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1:
+        dist.all_reduce(counts, group=dp_group)  # the disagreement over the whole mini-batch
+    counts = counts.cpu()
     data[POLICY_LOSS_MASK_KEY] = current[POLICY_LOSS_MASK_KEY]
     from verl.utils import tensordict_utils as tu
 
@@ -162,9 +164,25 @@ def _tokenizer(worker):
 
 
 def _padded_fields(masked) -> dict:
-    """The fields the mask read and its keep mask (``POLICY_LOSS_MASK_KEY``), padded once for the statistics and the
-    dump: (bs, T) tensors in verl's response layout."""
-    return {key: _padded(masked[key]) for key in (*S2T_FIELDS, POLICY_LOSS_MASK_KEY)}
+    """The fields the mask read, its keep mask (``POLICY_LOSS_MASK_KEY``) and, when the mini-batch has them, the
+    rollout-correction weights of the PG term, padded once for the statistics and the dump: (bs, T) tensors in
+    verl's response layout."""
+    keys = (*S2T_FIELDS, POLICY_LOSS_MASK_KEY)
+    if "rollout_is_weights" in masked.keys():
+        keys = (*keys, "rollout_is_weights")
+    return {key: _padded(masked[key]) for key in keys}
+
+
+def vocab_size_of(worker) -> int | None:
+    """|V| of the worker's model: the width of its logits, ``vocab_size`` of the (text) config of verl's
+    ``HFModelConfig.hf_config`` (the LM head's output size of a Hugging Face causal LM; Qwen3: 151,936, more than
+    its tokenizer's entries, and the softmax runs over all of them). None when the worker has no such config."""
+    hf_config = getattr(getattr(worker, "model_config", None), "hf_config", None)
+    if hf_config is None:
+        return None
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    size = getattr(text, "vocab_size", None)
+    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size >= 2 else None
 
 
 def _dump(worker, config, data, padded, metrics, step, index, cursor) -> list[dict]:
@@ -190,10 +208,13 @@ def _dump(worker, config, data, padded, metrics, step, index, cursor) -> list[di
     return rows
 
 
-def _statistics(config, padded, dp_group) -> MaskStatistics:
-    """The mask statistics of the mini-batch (``padded``: :func:`_padded_fields`), global over DP."""
+def _statistics(config, padded, dp_group, vocab_size) -> MaskStatistics:
+    """The mask statistics of the mini-batch (``padded``: :func:`_padded_fields`), global over DP; the PG weights
+    of the silenced-gradient share follow the actor's ``loss_agg_mode`` and rollout-correction weights."""
     return mask_statistics(padded["old_log_probs"], padded["entropy"], padded["advantages"], padded["response_mask"],
-                           padded[POLICY_LOSS_MASK_KEY], tau_p=config.policy_loss.tau_p, group=dp_group)
+                           padded[POLICY_LOSS_MASK_KEY], tau_p=config.policy_loss.tau_p, group=dp_group,
+                           vocab_size=vocab_size, loss_agg_mode=config.loss_agg_mode,
+                           rollout_is_weights=padded.get("rollout_is_weights"))
 
 
 def _payload(config, cursor, step, table_due, dp_group) -> DiagnosticsPayload:
@@ -240,7 +261,7 @@ def wrap_train_batch(orig):
         s2t = config.policy_loss.token_mask in S2T_TOKEN_MASKS
         padded = _padded_fields(masked) if s2t and (is_output_rank or config.policy_loss.dump_tokens) else None
         if s2t and is_output_rank:
-            stats = _statistics(config, padded, dp_group)
+            stats = _statistics(config, padded, dp_group, vocab_size_of(self))
             metrics.update(stats.to_metrics())
             cursor.add_histograms(stats.histograms)
         rows = _dump(self, config, data, padded, metrics, step, index, cursor) if padded is not None else []

@@ -5,8 +5,8 @@ Runs the v1 trainer's worker calls in order — ``infer_batch`` (old-log-prob pa
 then ``train_mini_batch`` over 4 optimizer mini-batches — through the plugin's patches (installed by its entry
 point), with spies on the mask's inputs and outputs (``training_worker.apply_policy_token_mask``, called on the
 current-policy view and then, for the disagreement metric, on the old-policy one) and on the policy-gradient term
-(``stapo_verl.core.losses.compute_masked_policy_loss``). Optionally with the token dump on (a word-level HF tokenizer
-built here). Rank 0 writes a JSON report to ``out_path``; used by ``test_current_minibatch.py`` (FSDP, one process)
+(the policy loss ``stapo_verl.core.losses.ppo_loss`` calls). Optionally with the token dump on (a word-level HF
+tokenizer built here). Rank 0 writes a JSON report to ``out_path``; used by ``test_current_minibatch.py`` (FSDP, one process)
 and ``test_megatron_engine.py`` (Megatron, one gloo rank per process started by ``support.megatron_launch.run_job``;
 ``RANK``/``WORLD_SIZE``/``MASTER_PORT`` from there).
 argv: out_path [--port P] [--stats-source S] [--dump-dir D] [--cap N] [--engine fsdp|megatron --tp T --model-dir M]
@@ -144,15 +144,20 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
                       "n_keep": int(tu.get(data, "policy_batch_num_tokens")), "metrics": dict(metrics)})
         return metrics
 
-    orig_masked = core_losses.compute_masked_policy_loss
+    orig_get_policy_loss_fn = core_losses.get_policy_loss_fn
 
-    def spy_masked(policy_loss_fn, **kw):
-        pg_bnt.append(float(kw["policy_batch_num_tokens"]))
-        engine_bnt.append(float(kw["config"].global_batch_info["batch_num_tokens"]))  # the engine's Σ loss_mask
-        losses_seen.append(kw["log_prob"].detach().clone())
-        return orig_masked(policy_loss_fn, **kw)
+    def spy_get_policy_loss_fn(loss_mode):
+        policy_loss_fn = orig_get_policy_loss_fn(loss_mode)
 
-    training_worker.apply_policy_token_mask, core_losses.compute_masked_policy_loss = spy_apply, spy_masked
+        def spy(**kw):
+            pg_bnt.append(float(kw["config"].global_batch_info["batch_num_tokens"]))
+            engine_bnt.append(float(cfg.global_batch_info["batch_num_tokens"]))  # the engine's Σ loss_mask
+            losses_seen.append(kw["log_prob"].detach().clone())
+            return policy_loss_fn(**kw)
+
+        return spy
+
+    training_worker.apply_policy_token_mask, core_losses.get_policy_loss_fn = spy_apply, spy_get_policy_loss_fn
     tu.assign_non_tensor(td, calculate_entropy=False, temperature=1.0, global_batch_size=2, mini_batch_size=2,
                          epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
     result = worker.train_mini_batch(td)

@@ -35,13 +35,18 @@ def main(out_path, port):
 
     from stapo_verl.core import losses as core_losses
 
-    pg_bnt, orig_masked = [], core_losses.compute_masked_policy_loss
+    pg_bnt, orig_get_policy_loss_fn = [], core_losses.get_policy_loss_fn
 
-    def spy_masked(policy_loss_fn, **kw):  # the PG term's denominator, per micro-batch
-        pg_bnt.append(float(kw["policy_batch_num_tokens"]))
-        return orig_masked(policy_loss_fn, **kw)
+    def spy_get_policy_loss_fn(loss_mode):  # the PG term's denominator, per micro-batch
+        policy_loss_fn = orig_get_policy_loss_fn(loss_mode)
 
-    core_losses.compute_masked_policy_loss = spy_masked
+        def spy(**kw):
+            pg_bnt.append(float(kw["config"].global_batch_info["batch_num_tokens"]))
+            return policy_loss_fn(**kw)
+
+        return spy
+
+    core_losses.get_policy_loss_fn = spy_get_policy_loss_fn
 
     tmp = tempfile.mkdtemp()
     tiny_qwen3(seed=0, vocab=VOCAB).save_pretrained(tmp)

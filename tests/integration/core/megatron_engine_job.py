@@ -14,7 +14,7 @@ argv: out.pt model_dir tp pp
    around a minimal worker whose loss is the plugin's ``ppo_loss``: ``loss_mode=stapo`` (vanilla + the S2T mask
    from step 1's old-policy values, DP-gathered) on the initial weights, then ``loss_mode=gspo`` with
    ``token_mask=s2t`` on the updated ones. Each micro-batch's policy-gradient inputs (the mask, its denominator)
-   are recorded at ``stapo_verl.core.losses.compute_masked_policy_loss``.
+   are recorded at ``stapo_verl.core.losses.ppo_loss`` and at the policy loss it calls.
 Grads (captured before the optimizer step) and weights are exported to HF names through the bridge, so layouts
 compare element-wise. Rank 0 writes the report.
 """
@@ -120,14 +120,24 @@ def train_step(engine, full, route, dp_rank, dp_size):
     cfg = actor_config(loss_mode, token_mask, tau_p=0.03)  # random tiny model: p ≈ 1/64 ⇒ candidates exist
     tu.assign_non_tensor(td, calculate_entropy=False)
     seen = []
-    orig_masked = core_losses.compute_masked_policy_loss
+    orig_loss, orig_get_policy_loss_fn = core_losses.ppo_loss, core_losses.get_policy_loss_fn
 
-    def recording_masked_loss(policy_loss_fn, **kw):  # what the policy-gradient term of one micro-batch sees
-        seen.append(dict(response_mask=kw["response_mask"].cpu(), advantages=kw["advantages"].detach().cpu(),
-                         keep=kw["policy_loss_mask"].bool().cpu(), pg_batch_num_tokens=kw["policy_batch_num_tokens"]))
-        return orig_masked(policy_loss_fn, **kw)
+    def recording_loss(config, model_output, data, dp_group=None):  # what one micro-batch carries into the loss
+        padded = data.select("response_mask", "advantages", core_losses.POLICY_LOSS_MASK_KEY).to_padded_tensor()
+        seen.append(dict(response_mask=padded["response_mask"].cpu(), advantages=padded["advantages"].detach().cpu(),
+                         keep=padded[core_losses.POLICY_LOSS_MASK_KEY].bool().cpu()))
+        return orig_loss(config, model_output, data, dp_group)
 
-    core_losses.compute_masked_policy_loss = recording_masked_loss
+    def recording_get_policy_loss_fn(loss_mode):  # ... and the denominator its policy-gradient term divides by
+        policy_loss_fn = orig_get_policy_loss_fn(loss_mode)
+
+        def recording(**kw):
+            seen[-1]["pg_batch_num_tokens"] = kw["config"].global_batch_info["batch_num_tokens"]
+            return policy_loss_fn(**kw)
+
+        return recording
+
+    core_losses.ppo_loss, core_losses.get_policy_loss_fn = recording_loss, recording_get_policy_loss_fn
     grads = []
     orig_step = type(engine).optimizer_step
 
@@ -150,7 +160,7 @@ def train_step(engine, full, route, dp_rank, dp_size):
         with engine.train_mode():
             output = wrap_train_batch(engine_train_batch)(worker, td)
     finally:
-        core_losses.compute_masked_policy_loss = orig_masked
+        core_losses.ppo_loss, core_losses.get_policy_loss_fn = orig_loss, orig_get_policy_loss_fn
         del engine.optimizer_step
     after = export_hf(engine)
     grad_hf = export_grads(engine, grads)

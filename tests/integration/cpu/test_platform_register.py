@@ -81,3 +81,78 @@ def test_registration_waits_until_verl_imports_its_engine_stack():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"device": "cpu", "engines": False, "megatron": False}
+
+
+def test_register_refuses_a_site_that_differs_naming_it():
+    """The CPU platform's ledger is checked when ``import verl`` registers the platform: a site that differs from
+    what the ledger pins (here: the replay buffer's constructor with another poll_interval default) stops the
+    process with IncompatibleSiteError naming the symbol, before anything is patched."""
+    code = r"""
+import dataclasses
+import stapo_verl.cpu.ledger as L
+entry = next(e for e in L.VERL_PATCHES if e.symbol.endswith("ReplayBuffer.__init__"))
+L.VERL_PATCHES = L.VERL_PATCHES + (dataclasses.replace(
+    entry, signature=entry.signature.replace("poll_interval: float=2.0", "poll_interval: float=1.0")),)
+import verl
+print("IMPORTED")
+"""
+    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
+    env.pop("STAPO_ALLOW_UNSUPPORTED_VERL", None)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode != 0 and "IMPORTED" not in r.stdout, r.stdout + r.stderr[-3000:]
+    assert "IncompatibleSiteError" in r.stderr, r.stderr[-3000:]
+    assert ("verl.trainer.ppo.v1.replay_buffer.ReplayBuffer.__init__: signature" in r.stderr
+            and "poll_interval: float=1.0" in r.stderr), r.stderr[-3000:]
+
+
+def test_megatron_shims_install_after_their_ledger_check():
+    """When verl imports its Megatron engine (and mbridge), the shims install: each proxied megatron-core module gets
+    its own torch stand-in, the CUDA type names exist only inside the scoped functions, the engines are registered
+    for 'cpu', mbridge's names are rebound; installing again changes nothing."""
+    code = r"""
+import json, verl, torch
+import verl.workers.engine.megatron  # the post-import hook: ledger check, then the shims
+import mbridge  # the mbridge hook
+from megatron.core.optimizer import clip_grads, optimizer
+from mbridge.core import bridge as mb_bridge, util as mb_util
+from stapo_verl.cpu.megatron_shims import core, bridge
+from stapo_verl.cpu.megatron_shims.torch_proxy import TorchOnCPU, install_into
+from verl.workers.engine.base import EngineRegistry
+import importlib
+mods = [importlib.import_module(m) for m in core.PROXIED_MODULES]
+proxies = [m.torch for m in mods]
+core.install(); bridge.install()  # idempotent
+with core._cuda_type_names_ctx():
+    inside = torch.ones(2).type()
+print(json.dumps({
+  "proxied": all(isinstance(p, TorchOnCPU) for p in proxies),
+  "one_per_module": len({id(p) for p in proxies}) == len(proxies),
+  "kept": [m.torch for m in mods] == proxies and install_into(mods[0]) is False,
+  "current_device": str(mods[0].torch.cuda.current_device()),
+  "inside": inside, "outside": torch.ones(2).type(),
+  "clip_scoped": optimizer.clip_grad_by_total_norm_fp32 is clip_grads.clip_grad_by_total_norm_fp32
+                 and getattr(clip_grads.clip_grad_by_total_norm_fp32, "_stapo_cpu", False),
+  "engine": EngineRegistry._engines["language_model"]["megatron"]["cpu"].__name__,
+  "mbridge": mb_bridge.get_model is mb_util.get_model and isinstance(mb_util.torch, TorchOnCPU),
+}))
+"""
+    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert info == {"proxied": True, "one_per_module": True, "kept": True, "current_device": "cpu",
+                    "inside": "torch.cuda.FloatTensor", "outside": "torch.FloatTensor", "clip_scoped": True,
+                    "engine": "MegatronEngineWithLMHead", "mbridge": True}
+
+
+def test_process_group_patch_when_engine_workers_imports_distributed_first():
+    """In a Ray worker, ``verl.utils.distributed`` is first imported by ``verl.workers.engine_workers`` itself: the
+    hook then runs while engine_workers is partly initialised (its name not bound yet), and engine_workers binds the
+    patched function afterwards."""
+    code = ("import sys, verl; first = 'verl.utils.distributed' not in sys.modules; "
+            "import verl.workers.engine_workers as ew; "
+            "print(first, getattr(ew.initialize_global_process_group_ray, '_stapo_cpu_patched', False))")
+    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1].split()[-1] == "True"

@@ -36,7 +36,8 @@ def test_mask_statistics_agree_across_engines_and_dp(runs):
     f, m = runs["fsdp_dp2"], runs["megatron_tp2"]
     assert f["dp"] == 2 and m["dp"] == 1
     keys = ("candidate_entropy_p50", "candidate_entropy_p75", "candidate_entropy_p95", "pos_adv_below_tau_p_frac",
-            "silenced_share_begin", "silenced_share_middle", "silenced_share_end", "tau_h", "num_candidates")
+            "silenced_share_begin", "silenced_share_middle", "silenced_share_end", "tau_h", "num_candidates",
+            "silenced_grad_share", "silenced_grad_share_upper")
     for k in keys:
         assert f["metrics"][f"actor/stapo/{k}"] == pytest.approx(m["metrics"][f"actor/stapo/{k}"], rel=1e-6), k
     # with entropy_quantile=0.75 the candidates' p75 is τ_h itself (same quantile of the same population)
@@ -46,6 +47,9 @@ def test_mask_statistics_agree_across_engines_and_dp(runs):
     for mb in range(2):
         shares = [f["metrics"][f"actor/stapo/silenced_share_{b}"][mb] for b in ("begin", "middle", "end")]
         assert sum(shares) == pytest.approx(1.0)
+        # the silenced tokens carry part, not all, of the PG logit-gradient norm² (|V| from the model config)
+        assert 0 < f["metrics"]["actor/stapo/silenced_grad_share"][mb] < 1
+        assert 0 < f["metrics"]["actor/stapo/silenced_grad_share_upper"][mb] < 1
 
 
 def test_histograms_of_the_update_agree_and_count_the_candidates(runs):

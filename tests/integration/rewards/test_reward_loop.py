@@ -76,3 +76,18 @@ def test_reward_kwargs_reach_compute_score():
     text = PAD + "\nAnswer: 42"
     out = manager.loop.run_until_complete(manager.run_single(one_row(text, "math_dapo", "42", len(text))))
     assert out["reward_score"] == -1.0 and out["reward_extra_info"]["no_box"] is True  # JustRL's box-only rule
+
+
+def test_each_reward_manager_owns_its_reward_function_and_workers():
+    """verl looks ``compute_score`` up once per manager: each manager holds its own RewardFunction, whose runner
+    (the killable workers) exists once it has scored; nothing is shared through the package."""
+    from stapo_verl.rewards import RewardFunction
+
+    first, second = (load_reward_manager(recipe_config("naive"), CharTokenizer()) for _ in range(2))
+    fn_first, fn_second = first.compute_score.args[0], second.compute_score.args[0]  # partial(_call_with_kwargs, fn)
+    assert isinstance(fn_first, RewardFunction) and isinstance(fn_second, RewardFunction)
+    assert fn_first is not fn_second and fn_first._runner is None
+    out = first.loop.run_until_complete(first.run_single(one_row("\\boxed{7}", "math500", "7", 9)))
+    assert out["reward_score"] == 1.0
+    assert fn_first._runner is not None and fn_first.runner.stats["calls"] == 1 and fn_second._runner is None
+    fn_first.close()

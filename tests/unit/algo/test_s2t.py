@@ -2,19 +2,20 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
-from stapo_verl.algo import s2t
-from stapo_verl.algo.s2t import candidate_mask, linear_quantile, s2t_keep_mask
+from stapo_verl.algo.s2t import candidate_mask, s2t_keep_mask
 from stapo_verl.algo.selections import (
     full_selection,
     high_entropy_selection,
     mask_seed,
     random_selection,
+    s2t_ablation_keep_mask,
     top_entropy_keep_mask,
 )
+
+P = "actor/stapo/"
 
 
 def _row(p, h, adv=1.0, valid=None):
@@ -28,17 +29,17 @@ def _row(p, h, adv=1.0, valid=None):
 def test_hand_computed_mask_and_tau_h_interpolation():
     # candidates (p < 0.002): H = 0.5, 0.1, 0.9 -> sorted [0.1, 0.5, 0.9]; q=0.75 at position 1.5 -> 0.7
     lp, ent, adv, rm = _row([0.001, 0.5, 0.0001, 0.001, 0.0019], [0.5, 0.05, 0.1, 0.9, 0.95])
-    keep, st = s2t_keep_mask(lp[:, :4], ent[:, :4], adv[:, :4], rm[:, :4])
-    assert st.tau_h == pytest.approx(0.7)
+    keep, m = s2t_keep_mask(lp[:, :4], ent[:, :4], adv[:, :4], rm[:, :4])
+    assert m[P + "tau_h"] == pytest.approx(0.7)
     assert keep.tolist() == [[False, True, False, True]]
-    assert (st.n_valid, st.n_candidates, st.n_masked, st.n_nonfinite) == (4, 3, 2, 0)
-    assert st.masked_p_sum == pytest.approx(0.001 + 0.0001)
-    assert st.masked_h_sum == pytest.approx(0.6)
+    assert (m[P + "num_candidates"], m[P + "num_masked"], m[P + "nonfinite_tokens"]) == (3, 2, 0)
+    assert m[P + "masked_frac"] == pytest.approx(2 / 4) and m[P + "renorm_factor"] == pytest.approx(4 / 2)
+    assert m[P + "masked_p_mean"] == pytest.approx((0.001 + 0.0001) / 2)
+    assert m[P + "masked_entropy_mean"] == pytest.approx(0.6 / 2)
     # 4 candidates [0.1, 0.5, 0.9, 0.95]: position 2.25 -> 0.9 + 0.25 * 0.05 = 0.9125; strictly below: 3 masked
-    keep, st = s2t_keep_mask(lp, ent, adv, rm)
-    assert st.tau_h == pytest.approx(0.9125)
+    keep, m = s2t_keep_mask(lp, ent, adv, rm)
+    assert m[P + "tau_h"] == pytest.approx(0.9125)
     assert keep.tolist() == [[False, True, False, False, True]]
-    m = st.to_metrics()
     assert m["actor/stapo/masked_frac"] == pytest.approx(3 / 5)
     assert m["actor/stapo/candidate_frac"] == pytest.approx(4 / 5)
     assert m["actor/stapo/renorm_factor"] == pytest.approx(5 / 2)
@@ -49,14 +50,14 @@ def test_strict_thresholds_and_ties_kept():
     tau = 0.002
     # p exactly tau_p is not a candidate (strict <); ties at tau_h are kept (strict <).
     lp, ent, adv, rm = _row([tau, 0.001, 0.001, 0.001], [0.1, 0.3, 0.3, 0.3])
-    keep, st = s2t_keep_mask(lp, ent, adv, rm, tau_p=tau)
-    assert st.n_candidates == 3 and st.tau_h == pytest.approx(0.3)
-    assert st.n_masked == 0 and keep.all()
+    keep, m = s2t_keep_mask(lp, ent, adv, rm, tau_p=tau)
+    assert m[P + "num_candidates"] == 3 and m[P + "tau_h"] == pytest.approx(0.3)
+    assert m[P + "num_masked"] == 0 and keep.all()
     # zero advantage (all-correct group) and negative advantage are never candidates
     for a in (0.0, -1.0):
         lp, ent, adv, rm = _row([0.001] * 3, [0.1, 0.2, 0.3], adv=a)
-        keep, st = s2t_keep_mask(lp, ent, adv, rm)
-        assert st.n_candidates == 0 and st.tau_h is None and keep.all()
+        keep, m = s2t_keep_mask(lp, ent, adv, rm)
+        assert m[P + "num_candidates"] == 0 and P + "tau_h" not in m and keep.all()
 
 
 @pytest.mark.parametrize("n,expected", [(0, 0), (1, 0), (2, 1), (3, 2), (4, 3), (5, 3), (100, 75)])
@@ -65,8 +66,8 @@ def test_silenced_count_table(n, expected):
     assert expected == (math.ceil(0.75 * (n - 1)) if n else 0)
     h = torch.linspace(0.01, 1.0, max(n, 1), dtype=torch.float64)[:n].flip(0)  # distinct, unsorted
     lp = torch.full((1, n), math.log(0.001), dtype=torch.float64)
-    keep, st = s2t_keep_mask(lp, h[None], torch.ones(1, n), torch.ones(1, n, dtype=torch.bool))
-    assert st.n_masked == expected == int((~keep).sum())
+    keep, m = s2t_keep_mask(lp, h[None], torch.ones(1, n), torch.ones(1, n, dtype=torch.bool))
+    assert m[P + "num_masked"] == expected == int((~keep).sum())
 
 
 def test_padding_and_nonfinite_never_selected():
@@ -74,8 +75,8 @@ def test_padding_and_nonfinite_never_selected():
     lp, ent, adv, rm = _row([1e-6, 1e-6, 0.001, 0.001], [0.0, 0.0, 0.2, 0.4], valid=[1, 1, 0, 0])
     lp[0, 0] = float("nan")
     ent[0, 1] = float("inf")
-    keep, st = s2t_keep_mask(lp, ent, adv, rm)
-    assert st.n_candidates == 0 and st.n_nonfinite == 2 and st.n_valid == 2
+    keep, m = s2t_keep_mask(lp, ent, adv, rm)
+    assert m[P + "num_candidates"] == 0 and m[P + "nonfinite_tokens"] == 2 and m[P + "renorm_factor"] == 2 / 1
     assert keep.tolist() == [[False, False, False, False]]
     cand, nonfinite = candidate_mask(lp, ent, adv, rm, 0.002)
     assert not cand.any() and nonfinite.tolist() == [[True, True, False, False]]
@@ -83,28 +84,29 @@ def test_padding_and_nonfinite_never_selected():
 
 def test_q_one_and_small_q():
     lp, ent, adv, rm = _row([0.001] * 4, [0.1, 0.2, 0.3, 0.4])
-    keep, st = s2t_keep_mask(lp, ent, adv, rm, q=1.0)  # tau_h = max -> all but the max
-    assert st.n_masked == 3
-    keep, st = s2t_keep_mask(lp, ent, adv, rm, q=1e-9)  # tau_h ~= min -> nothing strictly below
-    assert st.n_masked == 0
+    keep, m = s2t_keep_mask(lp, ent, adv, rm, q=1.0)  # tau_h = max -> all but the max
+    assert m[P + "num_masked"] == 3
+    keep, m = s2t_keep_mask(lp, ent, adv, rm, q=1e-9)  # tau_h ~= min -> nothing strictly below
+    assert m[P + "num_masked"] == 0
 
 
 def test_ablation_modes_counts_and_members():
     h = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5]], dtype=torch.float64)
     lp = torch.full_like(h, math.log(0.001))
     adv, rm = torch.ones_like(h), torch.ones_like(h, dtype=torch.bool)
-    keep_low, st_low = s2t_keep_mask(lp, h, adv, rm)  # tau 0.4 -> masks 0.1..0.3
-    keep_high, st_high = s2t_keep_mask(lp, h, adv, rm, select=high_entropy_selection(0.75))  # tau(0.25)=0.2
-    keep_full, st_full = s2t_keep_mask(lp, h, adv, rm, select=full_selection())
+    keep_low, m_low = s2t_keep_mask(lp, h, adv, rm)  # tau 0.4 -> masks 0.1..0.3
+    keep_high, m_high = s2t_ablation_keep_mask(lp, h, adv, rm, tau_p=0.002, select=high_entropy_selection(0.75))
+    keep_full, m_full = s2t_ablation_keep_mask(lp, h, adv, rm, tau_p=0.002, select=full_selection())
     assert keep_low.tolist() == [[False, False, False, True, True]]
-    assert keep_high.tolist() == [[True, True, False, False, False]]
-    assert st_full.n_masked == 5 and not keep_full.any()
+    assert keep_high.tolist() == [[True, True, False, False, False]]  # tau(0.25) = 0.2, H > 0.2 silenced
+    assert m_high[P + "tau_h"] == pytest.approx(0.2) and m_high.keys() == m_low.keys()  # the S2T mask's metrics
+    assert m_full[P + "num_masked"] == 5 and not keep_full.any() and P + "tau_h" not in m_full
     masks = set()
     for seed in range(20):
-        keep_r, st_r = s2t_keep_mask(lp, h, adv, rm, select=random_selection(0.75, seed))
-        assert st_r.n_masked == 3 == int((~keep_r).sum())
+        keep_r, m_r = s2t_ablation_keep_mask(lp, h, adv, rm, tau_p=0.002, select=random_selection(0.75, seed))
+        assert m_r[P + "num_masked"] == 3 == int((~keep_r).sum())
         masks.add(tuple(keep_r.flatten().tolist()))
-        again, _ = s2t_keep_mask(lp, h, adv, rm, select=random_selection(0.75, seed))
+        again, _ = s2t_ablation_keep_mask(lp, h, adv, rm, tau_p=0.002, select=random_selection(0.75, seed))
         assert torch.equal(again, keep_r)  # deterministic per seed (identical on every DP rank)
     assert len(masks) > 3  # actually random across seeds
 
@@ -117,31 +119,13 @@ def test_mask_seed_is_a_function_of_the_position_in_training():
         mask_seed(0, -1, 0)
 
 
-def test_linear_quantile_matches_torch_and_above_size_limit(monkeypatch):
+def test_tau_h_is_torch_quantile_of_the_candidates():
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(1001, generator=g)
-    for q in (0.0, 0.3, 0.75, 1.0):
-        monkeypatch.setattr(s2t, "TORCH_QUANTILE_MAX_NUMEL", 10)  # force the kthvalue path
-        a = linear_quantile(x, q)
-        monkeypatch.undo()
-        assert torch.equal(a, torch.quantile(x, q))
-    # a real population above torch.quantile's limit (torch raises there)
-    big = torch.rand(s2t.TORCH_QUANTILE_MAX_NUMEL + 5, generator=g)
-    with pytest.raises(RuntimeError, match="too large"):
-        torch.quantile(big, 0.75)
-    got = float(linear_quantile(big, 0.75))
-    assert got == pytest.approx(float(np.quantile(big.double().numpy(), 0.75)), abs=1e-6)
-
-
-def test_s2t_mask_with_population_above_quantile_limit():
-    n = s2t.TORCH_QUANTILE_MAX_NUMEL + 3
-    h = torch.rand(1, n, generator=torch.Generator().manual_seed(1))
+    h = torch.rand(1, 1001, generator=g, dtype=torch.float64)
     lp = torch.full_like(h, math.log(0.001))
-    keep, st = s2t_keep_mask(lp, h, torch.ones_like(h), torch.ones_like(h, dtype=torch.bool))
-    assert st.n_candidates == n
-    # fp32 entropies above 2**24 values carry ties, so compare with the direct count, and with 0.75 n loosely
-    assert st.n_masked == int((h < st.tau_h).sum())
-    assert abs(st.n_masked - 0.75 * n) / n < 1e-5
+    keep, m = s2t_keep_mask(lp, h, torch.ones_like(h), torch.ones_like(h, dtype=torch.bool))
+    tau = torch.quantile(h[0].float(), 0.75, interpolation="linear")
+    assert m[P + "tau_h"] == float(tau) and torch.equal(~keep[0], h[0].float() < tau)
 
 
 def test_top_entropy_keep_mask_official_rule():

@@ -33,13 +33,14 @@ def test_quantiles_fraction_buckets_and_histograms_are_exact():
     valid = rm.bool()
     cand = valid & (adv > 0) & (lp < math.log(TAU_P))
     neg = valid & (adv < 0) & (lp < math.log(TAU_P))
-    assert st.n_candidates == s2t.n_candidates == int(cand.sum()) > 10
+    assert st.n_candidates == s2t["actor/stapo/num_candidates"] == int(cand.sum()) > 10
     assert st.n_positive == int((valid & (adv > 0)).sum())
     m = st.to_metrics()
     ref = np.quantile(ent[cand].double().numpy(), [0.5, 0.75, 0.95])  # numpy's default is linear interpolation
     for q, v in zip((50, 75, 95), ref, strict=True):
         assert m[f"actor/stapo/candidate_entropy_p{q}"] == pytest.approx(v, rel=1e-6)
-    assert m["actor/stapo/candidate_entropy_p75"] == pytest.approx(s2t.tau_h)  # q = 0.75: the p75 is τ_h
+    # q = 0.75: the p75 is τ_h
+    assert m["actor/stapo/candidate_entropy_p75"] == pytest.approx(s2t["actor/stapo/tau_h"])
     assert m["actor/stapo/pos_adv_below_tau_p_frac"] == pytest.approx(int(cand.sum()) / st.n_positive)
     # silenced tokens by third of their own response: ⌊3t / L⌋
     sil = (cand & ~keep).nonzero().tolist()
@@ -47,7 +48,7 @@ def test_quantiles_fraction_buckets_and_histograms_are_exact():
     want = [0, 0, 0]
     for i, t in sil:
         want[min(3 * t // lens[i], 2)] += 1
-    assert list(st.silenced_by_position) == want and sum(want) == s2t.n_masked > 0
+    assert list(st.silenced_by_position) == want and sum(want) == s2t["actor/stapo/num_masked"] > 0
     for name, n in zip(("begin", "middle", "end"), want, strict=True):
         assert m[f"actor/stapo/silenced_share_{name}"] == pytest.approx(n / sum(want))
     # histograms: numpy over the same values, out-of-range values clamped into the end bins
@@ -82,7 +83,8 @@ def test_empty_population_logs_only_what_is_defined():
     lp = torch.full((bs, T), -0.1)  # p ≈ 0.9: no candidates
     st = mask_statistics(lp, torch.ones(bs, T), torch.ones(bs, T), torch.ones(bs, T), torch.ones(bs, T, dtype=bool),
                          tau_p=TAU_P)
-    assert st.to_metrics() == {"actor/stapo/pos_adv_below_tau_p_frac": 0.0}
+    # nothing silenced: the silenced-gradient share is 0 (always logged; its upper twin needs |V|)
+    assert st.to_metrics() == {"actor/stapo/pos_adv_below_tau_p_frac": 0.0, "actor/stapo/silenced_grad_share": 0.0}
     assert all(h.num == 0 for h in st.histograms.values())
 
 
@@ -106,6 +108,7 @@ def test_non_finite_statistics_are_not_candidates_as_in_the_mask():
     lp[0, 2] = -9.0  # low p, but its entropy is NaN
     keep, s2t = s2t_keep_mask(lp, ent, adv, rm, tau_p=TAU_P, q=0.75)
     st = mask_statistics(lp, ent, adv, rm, keep, tau_p=TAU_P)
-    assert s2t.n_nonfinite == 5
-    assert st.n_candidates == s2t.n_candidates and sum(st.silenced_by_position) == s2t.n_masked
-    assert st.to_metrics()["actor/stapo/candidate_entropy_p75"] == pytest.approx(s2t.tau_h)
+    assert s2t["actor/stapo/nonfinite_tokens"] == 5
+    assert st.n_candidates == s2t["actor/stapo/num_candidates"]
+    assert sum(st.silenced_by_position) == s2t["actor/stapo/num_masked"]
+    assert st.to_metrics()["actor/stapo/candidate_entropy_p75"] == pytest.approx(s2t["actor/stapo/tau_h"])

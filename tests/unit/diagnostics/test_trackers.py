@@ -3,7 +3,7 @@
 TensorBoard, console and ``file`` are verl's own adapters writing real files, read back here (TensorBoard's event
 files with TensorBoard's reader). wandb, MLflow, SwanLab and ClearML are recorders put where verl's ``Tracking``
 keeps those backends, checking the objects handed to them (the wandb offline run directory of a real run is read in
-``tests/e2e/test_tiny_trackers.py``).
+``tests/e2e/test_tiny_stapo.py``).
 """
 
 import json

@@ -24,7 +24,8 @@ def test_gate_error_escapes_verls_plugin_loader():
 def test_version_mismatch_names_expected_and_found(monkeypatch):
     monkeypatch.setattr(integ, "installed_verl_version", lambda: "0.9.0")
     monkeypatch.delenv(integ.ALLOW_ENV, raising=False)
-    with pytest.raises(IncompatibleVerlError, match=r"needs verl==0\.9\.1; found verl 0\.9\.0\. Install verl==0\.9\.1"):
+    with pytest.raises(IncompatibleVerlError, match=r"is written for verl 0\.9\.1; found verl 0\.9\.0\. Install "
+                       r"verl==0\.9\.1; or, at your own risk, set STAPO_ALLOW_UNSUPPORTED_VERL=1"):
         check_verl()
 
 
@@ -101,6 +102,16 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
         "verl.workers.engine.base.BaseEngine.train_batch",
         "verl.utils.config.validate_config",
         "verl.trainer.main_ppo.run_ppo",
+        # relied on, called, or state kept on their instances (not patched)
+        "verl.workers.engine_workers.TrainingWorker.train_mini_batch",
+        "verl.workers.engine_workers.TrainingWorker.infer_batch",
+        "verl.workers.engine.base.BaseEngine.eval_mode",
+        "verl.workers.engine.base.BaseEngine.infer_batch",
+        "verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
+        "verl.workers.engine_workers.TrainingWorker.__init__",
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer.__init__",
+        "verl.trainer.main_ppo.main",
+        "verl.trainer.main_ppo.TaskRunnerV1.run",
     }
     # verl's own modules are otherwise untouched: the other TrainingWorker methods are verl's
     for name in ("train_mini_batch", "infer_batch", "set_loss_fn"):

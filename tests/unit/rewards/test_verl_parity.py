@@ -63,8 +63,8 @@ def test_strip_string_is_verls():
 
 
 def test_constants_are_verls():
-    assert verl_rules.SUBSTITUTIONS == math_dapo.SUBSTITUTIONS
-    assert verl_rules.REMOVED_EXPRESSIONS == math_dapo.REMOVED_EXPRESSIONS
+    assert list(verl_rules.SUBSTITUTIONS) == math_dapo.SUBSTITUTIONS
+    assert list(verl_rules.REMOVED_EXPRESSIONS) == math_dapo.REMOVED_EXPRESSIONS
     import inspect
 
     default = inspect.signature(math_dapo.is_correct_minerva).parameters["answer_pattern"].default

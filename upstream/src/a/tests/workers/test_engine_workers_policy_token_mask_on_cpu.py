@@ -112,23 +112,3 @@ def test_train_batch_without_a_pre_pass_is_unchanged():
     TrainingWorker.train_batch(worker, _mini_batch())
     assert seen[0]["policy_loss_mask"] is None and seen[0]["policy_batch_num_tokens"] is None
     assert worker._postprocess_output.call_args.args[0]["metrics"] == {"actor/pg_loss": [0.5]}
-
-
-def test_train_mini_batch_numbers_the_mini_batches(monkeypatch):
-    mini_batches = [TensorDict({}, batch_size=[]) for _ in range(4)]
-    monkeypatch.setattr(tu, "make_iterator", lambda data, **kwargs: iter(mini_batches))
-    worker = SimpleNamespace(
-        engine=SimpleNamespace(
-            train_mode=lambda **kwargs: nullcontext(),
-            is_mp_src_rank_with_outputs=lambda: False,
-            get_data_parallel_rank=lambda: 0,
-            get_data_parallel_size=lambda: 1,
-        ),
-        train_batch=MagicMock(return_value={}),
-        profiler=MagicMock(),
-    )
-    data = TensorDict({}, batch_size=[4])
-    tu.assign_non_tensor(data, num_mini_batch=2, epochs=2)
-    TrainingWorker.train_mini_batch(worker, data)
-    indices = [tu.get(call.args[0], "mini_batch_index") for call in worker.train_batch.call_args_list]
-    assert indices == [0, 1, 2, 3]  # counted over ppo_epochs, like update_lr_scheduler

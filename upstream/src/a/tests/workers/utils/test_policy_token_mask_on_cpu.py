@@ -177,14 +177,14 @@ def test_the_mask_composes_with_policy_losses_and_aggregation_modes(loss_mode, l
     keep = _kept(td)
     n_keep = int(keep.sum())
     assert 0 < n_keep < int(rm.sum())
-    loss, grad, _ = _loss(config, td, padded)
+    loss, grad, metrics = _loss(config, td, padded)
     # oracle: the registered policy loss itself with response_mask := K and batch_num_tokens := Σ K
     oracle_config = _actor_config(loss_mode, loss_agg_mode)
     oracle_config.global_batch_info.update(
         dp_size=1, batch_num_tokens=n_keep, global_batch_size=BS, loss_scale_factor=None
     )
     log_prob = padded["log_prob"].clone().requires_grad_(True)
-    oracle, _ = get_policy_loss_fn(loss_mode)(
+    oracle, oracle_metrics = get_policy_loss_fn(loss_mode)(
         old_log_prob=padded["old_log_probs"],
         log_prob=log_prob,
         advantages=padded["advantages"],
@@ -198,6 +198,24 @@ def test_the_mask_composes_with_policy_losses_and_aggregation_modes(loss_mode, l
     torch.testing.assert_close(grad, log_prob.grad, rtol=1e-12, atol=1e-12)
     assert torch.count_nonzero(grad[rm & ~keep]) == 0  # masked tokens get exactly zero gradient
     assert torch.count_nonzero(grad[keep]) > 0
+    for key, value in oracle_metrics.items():  # e.g. pg_clipfrac, ppo_kl: over the kept tokens only
+        assert metrics[key] == pytest.approx(float(value), rel=1e-12, abs=1e-15), key
+
+
+@pytest.mark.parametrize("loss_agg_mode", ["seq-mean-token-mean", "seq-mean-token-sum"])
+def test_a_fully_silenced_response_still_counts_in_global_batch_size(loss_agg_mode):
+    register_policy_token_mask("all_but_the_first_response", required_fields=("response_mask",))(
+        lambda batch, config, dp_group=None: (batch["response_mask"].bool() & (torch.arange(BS) > 0)[:, None], {})
+    )
+    td, padded, _ = _mini_batch(seed=7)
+    config = _actor_config(loss_agg_mode=loss_agg_mode, token_mask="all_but_the_first_response")
+    apply_policy_token_mask(config, td)
+    masked, _, _ = _loss(config, td, padded)
+    # response 0 contributes 0 and the seq-mean still divides by global_batch_size = BS (verl's convention): the
+    # loss of responses 1..BS-1 alone, as one micro-batch of the same mini-batch without a mask
+    plain_td, _, _ = _mini_batch(seed=7)
+    rest, _, _ = _loss(_actor_config(loss_agg_mode=loss_agg_mode), plain_td, padded, rows=list(range(1, BS)))
+    assert masked.item() == pytest.approx(rest.item(), rel=1e-12) != 0
 
 
 def test_the_kl_and_entropy_terms_are_unchanged_by_the_mask():
@@ -225,10 +243,10 @@ def test_micro_batches_add_up_to_the_mini_batch(loss_agg_mode):
 
 def test_a_configured_mask_that_did_not_run_raises():
     td, padded, _ = _mini_batch(seed=6)
-    with pytest.raises(RuntimeError, match="apply_policy_token_mask did not run"):
+    with pytest.raises(RuntimeError, match="token_mask='even_positions', but this micro-batch lacks 'policy_loss"):
         _loss(_actor_config("cispo", token_mask=MASK), td, padded)
     apply_policy_token_mask(_actor_config(token_mask=MASK), td)
-    with pytest.raises(RuntimeError, match="token_mask is not set"):
+    with pytest.raises(RuntimeError, match="token_mask=None, but this micro-batch carries 'policy_loss_mask'"):
         _loss(_actor_config(), td, padded)
 
 

@@ -20,8 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from verl.trainer.ppo import s2t_mask
-from verl.trainer.ppo.s2t_mask import candidate_mask, linear_quantile, low_entropy_selection, s2t_keep_mask
+from verl.trainer.ppo.s2t_mask import candidate_mask, s2t_keep_mask
 
 TAU_P = 0.1
 LOG_SMALL = math.log(0.05)  # p = 0.05 < τ_p
@@ -41,32 +40,6 @@ def _population():
     return log_prob, entropy, advantages, response_mask
 
 
-def test_linear_quantile_closed_form_and_torch_parity():
-    values = torch.tensor([4.0, 1.0, 3.0, 2.0])
-    # rank q·(n−1) = 0.75·3 = 2.25 → 3 + 0.25·(4 − 3)
-    assert linear_quantile(values, 0.75).item() == pytest.approx(3.25)
-    assert linear_quantile(values, 0.0).item() == 1.0 and linear_quantile(values, 1.0).item() == 4.0
-    x = torch.rand(1001, generator=torch.Generator().manual_seed(0))
-    for q in (0.0, 0.1, 0.5, 0.75, 0.999, 1.0):
-        assert torch.equal(linear_quantile(x, q), torch.quantile(x, q, interpolation="linear"))
-
-
-def test_linear_quantile_above_torch_size_limit_matches_torch(monkeypatch):
-    # the order-statistic path taken above torch.quantile's 2**24-element limit gives torch's value
-    monkeypatch.setattr(s2t_mask, "TORCH_QUANTILE_MAX_NUMEL", 8)
-    x = torch.randn(1000, generator=torch.Generator().manual_seed(1))
-    for q in (0.0, 0.3, 0.75, 1.0):
-        torch.testing.assert_close(linear_quantile(x, q), torch.quantile(x, q, interpolation="linear"))
-
-
-@pytest.mark.parametrize("bad", [torch.tensor([]), torch.ones(2, 2)])
-def test_linear_quantile_rejects_bad_input(bad):
-    with pytest.raises(ValueError, match="non-empty 1-D"):
-        linear_quantile(bad, 0.5)
-    with pytest.raises(ValueError, match="must lie in"):
-        linear_quantile(torch.ones(3), 1.5)
-
-
 def test_candidate_conditions_are_strict():
     # tokens: candidate; Â < 0; Â = 0; p = τ_p exactly (not < τ_p); p > τ_p; padding; NaN entropy
     log_prob = torch.tensor([[LOG_SMALL, LOG_SMALL, LOG_SMALL, math.log(TAU_P), LOG_LARGE, LOG_SMALL, LOG_SMALL]])
@@ -79,33 +52,47 @@ def test_candidate_conditions_are_strict():
 
 
 def test_keep_mask_closed_form():
-    keep, stats = s2t_keep_mask(*_population(), tau_p=TAU_P, q=0.75)
-    # P = {0.1, 0.2, 0.3, 0.4, 0.5}: τ_h = Quantile_0.75 = 0.4 (rank 3); silence H < 0.4, so 0.4 itself is kept
-    assert stats.tau_h == pytest.approx(0.4)
+    keep, metrics = s2t_keep_mask(*_population(), tau_p=TAU_P, q=0.75)
+    # P = {0.1, 0.2, 0.3, 0.4, 0.5}: τ_h = Quantile_0.75 = 0.4 (rank 0.75·4 = 3, no interpolation); silence H < 0.4,
+    # so 0.4 itself is kept. 7 valid tokens, 5 candidates, 3 silenced, 4 kept.
     assert keep.tolist() == [[False, False, False, True], [True, True, True, False]]
-    assert (stats.n_valid, stats.n_candidates, stats.n_masked, stats.n_nonfinite, stats.n_keep) == (7, 5, 3, 0, 4)
-    metrics = stats.to_metrics()
-    assert metrics["actor/stapo/masked_frac"] == pytest.approx(3 / 7)
-    assert metrics["actor/stapo/candidate_frac"] == pytest.approx(5 / 7)
-    assert metrics["actor/stapo/renorm_factor"] == pytest.approx(7 / 4)
-    assert metrics["actor/stapo/masked_p_mean"] == pytest.approx(0.05)
-    assert metrics["actor/stapo/masked_entropy_mean"] == pytest.approx(0.2)
+    assert metrics == pytest.approx(
+        {
+            "actor/stapo/masked_frac": 3 / 7,
+            "actor/stapo/candidate_frac": 5 / 7,
+            "actor/stapo/num_masked": 3.0,
+            "actor/stapo/num_candidates": 5.0,
+            "actor/stapo/nonfinite_tokens": 0.0,
+            "actor/stapo/renorm_factor": 7 / 4,
+            "actor/stapo/tau_h": 0.4,
+            "actor/stapo/masked_p_mean": 0.05,
+            "actor/stapo/masked_entropy_mean": 0.2,
+        }
+    )
+
+
+def test_tau_h_interpolates_linearly_as_torch_quantile():
+    # P = {0.1, 0.2, 0.3, 0.4}: rank 0.75·3 = 2.25 → 0.3 + 0.25·(0.4 − 0.3) = 0.325; 0.1, 0.2, 0.3 silenced
+    log_prob = torch.full((1, 4), LOG_SMALL)
+    entropy = torch.tensor([[0.4, 0.1, 0.3, 0.2]])
+    keep, metrics = s2t_keep_mask(log_prob, entropy, torch.ones(1, 4), torch.ones(1, 4), tau_p=TAU_P, q=0.75)
+    assert metrics["actor/stapo/tau_h"] == pytest.approx(0.325) and keep.tolist() == [[True, False, False, False]]
 
 
 def test_ties_at_the_threshold_are_kept():
     log_prob = torch.full((1, 4), LOG_SMALL)
     entropy = torch.tensor([[0.1, 0.3, 0.3, 0.3]])
-    keep, stats = s2t_keep_mask(log_prob, entropy, torch.ones(1, 4), torch.ones(1, 4), tau_p=TAU_P, q=0.75)
-    assert stats.tau_h == pytest.approx(0.3) and keep.tolist() == [[False, True, True, True]]
+    keep, metrics = s2t_keep_mask(log_prob, entropy, torch.ones(1, 4), torch.ones(1, 4), tau_p=TAU_P, q=0.75)
+    assert metrics["actor/stapo/tau_h"] == pytest.approx(0.3) and keep.tolist() == [[False, True, True, True]]
 
 
 def test_empty_population_nonfinite_tokens_and_shape_errors():
     log_prob, entropy, advantages, response_mask = _population()
     entropy[0, 3] = float("inf")  # a valid non-candidate with a non-finite entropy is dropped from the loss
-    keep, stats = s2t_keep_mask(log_prob, entropy, -advantages, response_mask, tau_p=TAU_P, q=0.75)
-    assert stats.n_candidates == 0 and stats.tau_h is None and stats.n_nonfinite == 1
+    keep, metrics = s2t_keep_mask(log_prob, entropy, -advantages, response_mask, tau_p=TAU_P, q=0.75)
     assert keep.tolist() == [[True, True, True, False], [True, True, True, False]]
-    assert "actor/stapo/tau_h" not in stats.to_metrics() and low_entropy_selection(0.75)(torch.zeros(0))[1] is None
+    assert metrics["actor/stapo/num_candidates"] == 0 and metrics["actor/stapo/nonfinite_tokens"] == 1
+    assert metrics["actor/stapo/renorm_factor"] == pytest.approx(7 / 6) and "actor/stapo/tau_h" not in metrics
     with pytest.raises(ValueError, match="share one"):
         s2t_keep_mask(log_prob, entropy[:, :3], advantages, response_mask)
 
@@ -114,15 +101,15 @@ def _dp_worker(rank: int, world: int, init_file: str, queue) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         rows = slice(rank, rank + 1)
-        keep, stats = s2t_keep_mask(*(t[rows] for t in _population()), tau_p=TAU_P, q=0.75, group=dist.group.WORLD)
-        queue.put((rank, keep.tolist(), stats.n_masked, stats.n_valid, stats.n_candidates, stats.tau_h))
+        keep, metrics = s2t_keep_mask(*(t[rows] for t in _population()), tau_p=TAU_P, q=0.75, group=dist.group.WORLD)
+        queue.put((rank, keep.tolist(), metrics))
     finally:
         dist.destroy_process_group()
 
 
 def test_data_parallel_ranks_apply_the_threshold_of_the_whole_population(tmp_path):
     """Each of 2 gloo ranks holds one response; τ_h and the counts are those of the whole mini-batch."""
-    single, _ = s2t_keep_mask(*_population(), tau_p=TAU_P, q=0.75)
+    single, whole = s2t_keep_mask(*_population(), tau_p=TAU_P, q=0.75)
     ctx = mp.get_context("fork")  # the children inherit the imported modules; gloo on CPU only
     queue = ctx.Queue()
     procs = [ctx.Process(target=_dp_worker, args=(rank, 2, str(tmp_path / "init"), queue)) for rank in range(2)]
@@ -132,7 +119,7 @@ def test_data_parallel_ranks_apply_the_threshold_of_the_whole_population(tmp_pat
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    for rank, keep, n_masked, n_valid, n_candidates, tau_h in results:
+    for rank, keep, metrics in results:
         # alone, rank 1's candidates {0.4, 0.5} would give τ_h = 0.475 and silence 0.4
         assert keep == single[rank : rank + 1].tolist()
-        assert (n_masked, n_valid, n_candidates) == (3, 7, 5) and tau_h == pytest.approx(0.4)
+        assert metrics == whole  # counts and τ_h of the whole mini-batch (7 valid, 5 candidates, 3 silenced)
