@@ -29,8 +29,6 @@ silently missing plugin. Ray hands it to the driver as a ``RayTaskError`` like a
 
 from __future__ import annotations
 
-import ast
-import hashlib
 import logging
 import os
 import warnings
@@ -365,32 +363,9 @@ def fingerprint(symbol: str) -> tuple[str | None, str | None]:
     Returns ``(None, None)`` when the module or the symbol does not exist. A name bound by ``from … import`` gives
     that import statement as its signature and no hash.
     """
-    root = os.path.dirname(_verl_root())
-    parts = symbol.split(".")
-    for i in range(len(parts) - 1, 0, -1):
-        path = os.path.join(root, *parts[:i]) + ".py"
-        if os.path.isfile(path):
-            break
-    else:
-        return None, None
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
-    node: ast.AST = ast.parse(source)
-    for name in parts[i:]:
-        found = None
-        for child in getattr(node, "body", []):
-            if getattr(child, "name", None) == name:
-                found = child
-            elif isinstance(child, ast.ImportFrom) and any((a.asname or a.name) == name for a in child.names):
-                return f"from {child.module} import {name}", None
-        if found is None:
-            return None, None
-        node = found
-    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-        return None, None
-    signature = f"({ast.unparse(node.args)})" + (f" -> {ast.unparse(node.returns)}" if node.returns else "")
-    digest = hashlib.sha256(ast.get_source_segment(source, node).encode("utf-8")).hexdigest()
-    return signature, digest
+    from stapo_verl.integration.source_fingerprint import fingerprint as source_fingerprint
+
+    return source_fingerprint(symbol)
 
 
 def mismatches() -> list[str]:

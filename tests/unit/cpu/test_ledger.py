@@ -332,10 +332,12 @@ def test_a_differing_site_is_refused_naming_the_symbol(monkeypatch):
         ledger.check([other], ledger.VERL_WRITTEN_FOR)
 
 
-def test_the_generic_fingerprint_agrees_with_the_plugins():
-    """The helper the CPU ledger uses gives what the plugin's gate gives, on every plugin entry."""
+def test_the_generic_fingerprint_gives_the_plugin_ledgers_recorded_values():
+    """The helper both ledgers use gives, on every plugin entry, the signature (and hash) the entry records."""
     for entry in verl_0_9_1.PATCHES:
-        assert fingerprint(entry.symbol) == verl_0_9_1.fingerprint(entry.symbol), entry.symbol
+        signature, digest = fingerprint(entry.symbol)
+        assert signature == entry.signature, entry.symbol
+        assert entry.source_sha256 in (None, digest), entry.symbol
 
 
 def test_the_fingerprint_follows_imports_and_bases():
