@@ -9,6 +9,13 @@ import subprocess
 import sys
 
 
+def _python_on_cpu_platform(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -c code`` in a fresh process with ``VERL_PLATFORM=cpu``; fails the test on a non-zero exit."""
+    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
 def test_register_in_fresh_process():
     """With VERL_PLATFORM=cpu, `import verl` loads the plugin: platform, engine, both rollout registries, PG patch."""
     code = r"""
@@ -35,9 +42,7 @@ print(json.dumps({
   "pg_patched": getattr(ew.initialize_global_process_group_ray, "_stapo_cpu_patched", False),
 }))
 """
-    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = _python_on_cpu_platform(code)
     info = json.loads(r.stdout.strip().splitlines()[-1])
     # the forward-only (ref) FSDP2 engine's CPUOffloadPolicy(pin_memory=True) cannot pin on CPU-only torch
     # the v1 replay buffer checks for finished rollouts every 0.1 s instead of verl's 2 s
@@ -57,9 +62,7 @@ initialize_global_process_group_ray()
 print(dist.get_backend())
 dist.destroy_process_group()
 """
-    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = _python_on_cpu_platform(code)
     assert r.stdout.strip().splitlines()[-1] == "gloo"
 
 
@@ -77,9 +80,7 @@ def test_registration_waits_until_verl_imports_its_engine_stack():
     code = ("import json, sys, verl; from verl.utils.device import get_device_name; print(json.dumps({"
             "'device': get_device_name(), 'engines': 'verl.workers.engine' in sys.modules, "
             "'megatron': any(m.split('.')[0] in ('megatron', 'mbridge') for m in sys.modules)}))")
-    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = _python_on_cpu_platform(code)
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"device": "cpu", "engines": False, "megatron": False}
 
 
@@ -136,9 +137,7 @@ print(json.dumps({
   "mbridge": mb_bridge.get_model is mb_util.get_model and isinstance(mb_util.torch, TorchOnCPU),
 }))
 """
-    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = _python_on_cpu_platform(code, timeout=600)
     info = json.loads(r.stdout.strip().splitlines()[-1])
     assert info == {"proxied": True, "one_per_module": True, "kept": True, "current_device": "cpu",
                     "inside": "torch.cuda.FloatTensor", "outside": "torch.FloatTensor", "clip_scoped": True,
@@ -152,7 +151,5 @@ def test_process_group_patch_when_engine_workers_imports_distributed_first():
     code = ("import sys, verl; first = 'verl.utils.distributed' not in sys.modules; "
             "import verl.workers.engine_workers as ew; "
             "print(first, getattr(ew.initialize_global_process_group_ray, '_stapo_cpu_patched', False))")
-    env = dict(os.environ, VERL_PLATFORM="cpu", RAY_AUTH_MODE="disabled")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = _python_on_cpu_platform(code)
     assert r.stdout.strip().splitlines()[-1].split()[-1] == "True"
