@@ -114,6 +114,15 @@ def require_plugin_loaded(asked_by: str = f"{_KEY} (loss_mode=stapo or a token_m
         raise StapoNotRegisteredError(_not_loaded_message())
 
 
+def plugin_request(loss_mode, token_mask) -> str | None:
+    """What a policy-loss config asks of the plugin, as the errors name it (e.g.
+    ``actor_rollout_ref.actor.policy_loss.loss_mode='stapo', token_mask='s2t'``); None when it asks for nothing
+    (neither ``loss_mode=stapo`` nor a ``token_mask``). Raises nothing."""
+    asked = [f"loss_mode={loss_mode!r}"] if loss_mode == "stapo" else []
+    asked += [f"token_mask={token_mask!r}"] if token_mask is not None else []
+    return f"{_KEY}.{', '.join(asked)}" if asked else None
+
+
 def _coerce_scalar(name: str, value, kind: type):
     """``value`` as ``kind`` (float/int/bool/str), coercing numeric strings exactly; raise otherwise.
 
@@ -241,11 +250,10 @@ class StapoPolicyLossConfig(PolicyLossConfig):
                 object.__setattr__(self, f.name, coerced)  # verl's BaseConfig freezes fields after __init__
 
     def __post_init__(self):
-        if self.loss_mode == "stapo" or self.token_mask is not None:
+        asked = plugin_request(self.loss_mode, self.token_mask)
+        if asked:
             # First, before verl's own checks: on a verl the plugin was not written for this is the error to see.
-            asked = [f"loss_mode={self.loss_mode!r}"] if self.loss_mode == "stapo" else []
-            asked += [f"token_mask={self.token_mask!r}"] if self.token_mask is not None else []
-            require_plugin_loaded(f"{_KEY}.{', '.join(asked)}")
+            require_plugin_loaded(asked)
         parent = getattr(super(), "__post_init__", None)
         if parent is not None:
             parent()

@@ -4,38 +4,31 @@ Usage (what ``recipes/run.sh <size> <method> --dry-run`` executes)::
 
     python -m stapo_verl.launch.dryrun [hydra overrides...]
 
-No GPU, Ray cluster, model weights or data are needed. Steps, in the order a real run meets them:
+No GPU, Ray cluster, model weights or data are needed. Steps, in the order a real run meets them (docs/recipes.md §9):
 
-1. **Plugin.** ``import stapo_verl.plugin`` (verl swallows entry-point import errors, so the import is repeated
-   here where it raises) and the ``verl.plugins`` entry point ``stapo`` is in this environment's metadata (that is
-   how the Ray workers load it).
-2. **Compose** verl's trainer config with the overrides (:func:`stapo_verl.launch.compose.compose_config`), so a
-   removed or misspelt key fails with Hydra's / OmegaConf's own message (``Key 'grad_offload' is not in struct``).
-3. **verl.trainer.main_ppo.main**, called itself with ``ray.init`` intercepted: ``auto_set_device``,
-   ``validate_config`` (with the plugin's checks; it builds the actor config classes through ``_target_``) and
-   ``run_ppo``'s ``ray.init`` arguments (the runtime_env merge), which are recorded and not used. Then
-   ``policy_loss.loss_mode`` must be in verl's ``POLICY_LOSS_REGISTRY`` (verl looks it up only in the workers).
-4. **TaskRunnerV1.run**, called itself with ``transfer_queue.init`` intercepted: the trainer class for
-   ``trainer.v1.trainer_mode`` and ``OmegaConf.resolve`` (every interpolation must resolve).
-5. **Worker configs:** verl's ``omega_conf_to_dataclass`` of the actor, rollout, rollout checkpoint engine and
-   ``algorithm`` (``AlgoConfig``, incl. ``RolloutCorrectionConfig``, which verl itself only reads as a DictConfig).
-6. **Recipe checks** verl only meets on GPUs: Megatron world size divisible by TP×PP×CP, every dynamic-batch
-   token budget ≥ prompt + response length, vLLM TP divides the node, FP8 keys consistent.
-7. **Training length:** the train parquet's row count from its footer — fails when
-   ``total_epochs × ⌊rows / train_batch_size⌋ < total_training_steps`` (verl's loop would stop there silently).
-8. **Stop tokens:** the ids the rollout stops at (:mod:`stapo_verl.launch.stop_tokens`, from the model's files
-   when ``model.path`` is local); warns when the chat template's end-of-turn token is not among them.
+1. **Compose** verl's trainer config (:func:`stapo_verl.launch.compose.compose_config`): a removed or misspelt key
+   fails with Hydra's / OmegaConf's own message (``Key 'grad_offload' is not in struct``).
+2. **Plugin:** ``import stapo_verl.plugin`` (verl's entry-point loader swallows its errors), the ``verl.plugins``
+   entry point ``stapo`` (how Ray workers load it) and, for a job asking for it (``loss_mode=stapo`` or a
+   ``token_mask``), the plugin's verl gate: on another verl this step fails naming both versions.
+3. **verl's start-up, called itself:** ``main_ppo.main`` (``auto_set_device``, ``validate_config`` with the plugin's
+   checks, ``run_ppo``) up to ``ray.init``, whose arguments are recorded; verl's ``get_policy_loss_fn`` for
+   ``policy_loss.loss_mode``; ``TaskRunnerV1.run`` (trainer class, ``OmegaConf.resolve``) up to
+   ``transfer_queue.init``; ``omega_conf_to_dataclass`` of the actor, rollout, checkpoint engine and ``algorithm``.
+4. **Recipe rules** verl meets only on GPUs, or not at all (:mod:`stapo_verl.launch.recipe_rules`): parallel layout,
+   token budgets, FP8 keys; training length from the train parquet's footer; the model shape, then verl's
+   ``HFModelConfig``, when ``model.path`` is a local HF directory; the stop tokens reaching the rollout; data files.
 
-What cannot run here (reported as SKIPPED): ``HFModelConfig`` unless ``model.path`` is a local directory with
-``config.json``; dataset loading (files are only checked for existence); Ray resource pools, engines, vLLM.
+SKIPPED: ``HFModelConfig`` unless ``model.path`` is local; dataset loading; Ray resource pools, engines, vLLM.
 
 Exit status: 0 when every step passed; 1 on the first failure (the verl / Hydra / OmegaConf message and its cause
-chain are printed); 2 on a usage error.
+chain are printed; ``STAPO_DRYRUN_TRACEBACK=1`` adds the traceback); 2 on a usage error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import os
 import sys
@@ -44,24 +37,46 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 from unittest import mock
 
-from stapo_verl.launch.compose import compose_config, data_files, train_rows
+from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError
+from stapo_verl.launch import recipe_rules
+from stapo_verl.launch.compose import compose_config
+from stapo_verl.launch.recipe_rules import Check
 
 PREFIX = "[stapo dry-run]"
 
-#: FP8 values accepted by Megatron-Core's TransformerConfig / verl's FP8 docs.
-FP8_FORMATS = ("e4m3", "hybrid")
-FP8_RECIPES = ("blockwise", "tensorwise", "delayed", "mxfp8")
-FP8_ENV = "NVTE_FP8_BLOCK_SCALING_FP32_SCALES"
-
 __all__ = ["DryRunError", "DryRunReport", "compose_config", "dry_run", "main", "ray_init_kwargs"]
+
+_A = "actor_rollout_ref."
+_MG = _A + "actor.megatron."
+_PL = _A + "actor.policy_loss."
+#: the settings printed after the steps, in order; (prefix, keys)
+SUMMARY_KEYS = tuple(prefix + key for prefix, keys in (
+    (_A, "model.path"), ("trainer.", "nnodes n_gpus_per_node"),
+    (_MG, "tensor_model_parallel_size pipeline_model_parallel_size context_parallel_size param_offload "
+          "optimizer_offload use_mbridge use_dist_checkpointing dtype"),
+    (_A + "rollout.", "name mode tensor_model_parallel_size gpu_memory_utilization"), ("data.", "train_batch_size"),
+    (_A, "rollout.n actor.ppo_mini_batch_size actor.ppo_epochs"), ("data.", "max_prompt_length max_response_length"),
+    (_A, "actor.use_dynamic_bsz actor.ppo_max_token_len_per_gpu rollout.log_prob_max_token_len_per_gpu"),
+    (_A + "actor.optim.", "lr lr_warmup_steps lr_decay_style weight_decay clip_grad"),
+    (_A + "actor.", "clip_ratio_low clip_ratio_high clip_ratio_c loss_agg_mode"),
+    (_PL, "loss_mode token_mask _target_ tau_p entropy_quantile stats_source top_entropy_ratio"),
+    (_A + "actor.", "calculate_entropy entropy_coeff use_kl_loss kl_loss_type kl_loss_coef"),
+    ("algorithm.", "adv_estimator use_kl_in_reward"),
+    (_A + "rollout.", "temperature top_p val_kwargs.do_sample val_kwargs.n val_kwargs.temperature val_kwargs.top_p "
+                      "engine_kwargs.vllm.generation_config"),
+    (_MG + "override_transformer_config.", "fp8 fp8_recipe"),
+    (_A, "actor.optim.override_optimizer_config.fp8_recipe rollout.quantization"),
+    ("algorithm.rollout_correction.", "rollout_is rollout_is_threshold"),
+    ("reward.", "reward_manager.name custom_reward_function.path custom_reward_function.name"),
+    ("data.", "train_files dataloader_num_workers"), (_A, "actor.strategy"),
+    ("trainer.", "total_training_steps total_epochs test_freq save_freq project_name experiment_name "
+                 "default_local_dir"),
+) for key in keys.split())
 
 
 class DryRunError(RuntimeError):
-    """A recipe-level check failed (the message names the keys and the rule)."""
-
-
-class _Stop(Exception):
-    """Internal: a step failed and was reported; stop the dry-run."""
+    """verl's start-up did not reach the call the dry-run stops at, a loss mode is not registered, or the plugin's
+    entry point is missing (the message says which and what to do)."""
 
 
 class _Reached(Exception):
@@ -70,6 +85,11 @@ class _Reached(Exception):
     def __init__(self, kwargs: dict[str, Any]):
         super().__init__("reached")
         self.kwargs = kwargs
+
+
+def _record(*args, **kwargs):
+    """``side_effect`` of the intercepted call: raises :class:`_Reached` with its keyword arguments."""
+    raise _Reached(kwargs)
 
 
 @dataclass
@@ -98,15 +118,20 @@ class DryRunReport:
         raise KeyError(key)
 
 
-# ---------------------------------------------------------------------------------------------------
-# verl's start-up, run for real up to the cluster
+def _check_plugin(config) -> str:
+    """Import the plugin, find the entry point Ray workers load it through, and gate the verl for a STAPO job.
 
-
-def _check_plugin() -> str:
-    """Import the plugin so its errors surface and check the entry point Ray workers load it through."""
+    Raises:
+        DryRunError: no ``verl.plugins`` entry point ``stapo`` in this environment.
+        IncompatibleVerlError: the job asks for the plugin on a verl it was not written for (both versions named;
+            :func:`stapo_verl.core.config.require_plugin_loaded`, the check verl meets when it builds the config).
+        Whatever ``import stapo_verl.plugin`` raises.
+    """
     from importlib.metadata import entry_points
 
     import stapo_verl.plugin  # noqa: F401  (raises here, unlike verl's entry-point loader)
+    from stapo_verl import integration
+    from stapo_verl.core.config import plugin_request, require_plugin_loaded
 
     eps = [ep for ep in entry_points(group="verl.plugins") if ep.name == "stapo"]
     if not eps:
@@ -114,19 +139,13 @@ def _check_plugin() -> str:
             "the 'verl.plugins' entry point 'stapo' is not installed in this environment, so Ray workers "
             "will not load the plugin: `pip install -e <stapo-verl checkout>` on every node"
         )
-    return f"stapo_verl.plugin imported; entry point {eps[0].name} = {eps[0].value}"
-
-
-def _check_loss_registered(config) -> str:
-    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
-
-    mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
-    if mode not in POLICY_LOSS_REGISTRY:
-        raise DryRunError(
-            f"actor_rollout_ref.actor.policy_loss.loss_mode={mode!r} is not registered "
-            f"(registered: {sorted(POLICY_LOSS_REGISTRY)})"
-        )
-    return f"loss_mode {mode!r} registered"
+    pl = config.actor_rollout_ref.actor.policy_loss
+    asked = plugin_request(pl.get("loss_mode", None), pl.get("token_mask", None))
+    if asked:
+        require_plugin_loaded(asked)
+    gate = ("integration installed" if integration.installed() else
+            "integration inactive on this verl (warning above), not needed by this job")
+    return f"stapo_verl.plugin imported; entry point {eps[0].name} = {eps[0].value}; {gate}"
 
 
 def run_main_until_ray_init(config) -> dict[str, Any]:
@@ -135,7 +154,7 @@ def run_main_until_ray_init(config) -> dict[str, Any]:
     ``main`` runs ``auto_set_device``, ``validate_config`` and ``run_ppo``, whose ``ray.init(**kwargs)`` is replaced
     by a recorder that ends the call (``ray.is_initialized`` reads False, so verl builds the kwargs exactly as for a
     fresh driver). ``os.environ`` is restored afterwards (``run_ppo`` may set determinism variables). Output of
-    ``main`` (its ``print`` of the kwargs) is discarded.
+    ``main`` (its ``print`` of the kwargs) is discarded. Both mocks are ledger entries of ``main_ppo.main``.
 
     Args:
         config: the composed trainer config (``DictConfig``); verl may modify it in place, as it would.
@@ -150,13 +169,10 @@ def run_main_until_ray_init(config) -> dict[str, Any]:
     import ray
     import verl.trainer.main_ppo as main_ppo
 
-    def record(**kwargs):
-        raise _Reached(kwargs)
-
     env = dict(os.environ)
     try:
         with mock.patch.object(ray, "is_initialized", return_value=False), \
-                mock.patch.object(ray, "init", side_effect=record), contextlib.redirect_stdout(io.StringIO()):
+                mock.patch.object(ray, "init", side_effect=_record), contextlib.redirect_stdout(io.StringIO()):
             main_ppo.main.__wrapped__(config)  # @hydra.main's functools.wraps keeps the task function here
     except _Reached as reached:
         return reached.kwargs
@@ -169,416 +185,118 @@ def run_main_until_ray_init(config) -> dict[str, Any]:
 def ray_init_kwargs(config) -> dict[str, Any]:
     """The keyword arguments verl's ``run_ppo`` passes to ``ray.init`` for ``config`` (see
     :func:`run_main_until_ray_init`; ``config`` is copied first). Its ``runtime_env.env_vars`` reach every task and
-    actor of the job, also on a Ray cluster started earlier (the recipes forward the reward settings that way)."""
-    import copy
+    actor of the job, also on a Ray cluster started earlier (the recipes forward the reward settings that way).
 
+    Raises:
+        As :func:`run_main_until_ray_init`.
+    """
     return run_main_until_ray_init(copy.deepcopy(config))
 
 
 def _run_main(config, report: DryRunReport) -> str:
+    """:func:`run_main_until_ray_init`, recorded in ``report``; raises as it, and RecipeRuleError for RAY_ADDRESS."""
     report.ray_init = run_main_until_ray_init(config)
-    where = os.environ.get("RAY_ADDRESS")
-    if where and report.ray_init.get("num_cpus") is not None:
-        raise DryRunError(
-            "RAY_ADDRESS is set (connect to an existing cluster) but ray_kwargs.ray_init.num_cpus is set too; "
-            "Ray refuses num_cpus when connecting: drop the override"
-        )
     n_gpus = config.trainer.n_gpus_per_node * config.trainer.nnodes
     return (f"auto_set_device, validate_config (n_gpus={n_gpus}) and run_ppo ran up to ray.init; "
-            + (f"it connects to RAY_ADDRESS={where}" if where else "it starts a local Ray"))
+            + recipe_rules.check_ray_address(report.ray_init))
+
+
+def _check_loss_registered(config) -> str:
+    """verl's own lookup of the loss (``get_policy_loss_fn``, which the workers call at the first loss).
+
+    Raises:
+        DryRunError: the loss mode is not registered (verl's ValueError, listing the registered ones, is its cause).
+    """
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    mode = config.actor_rollout_ref.actor.policy_loss.loss_mode
+    try:
+        fn = get_policy_loss_fn(mode)
+    except ValueError as e:
+        raise DryRunError(f"{_PL}loss_mode={mode!r} is not registered: the workers would fail at the first loss") from e
+    return f"loss_mode {mode!r} registered ({fn.__module__}.{fn.__name__})"
 
 
 def _run_task_runner(config) -> str:
-    """``TaskRunnerV1.run`` (the class under Ray's actor wrapper), stopped at ``transfer_queue.init``."""
+    """``TaskRunnerV1.run`` (the class under Ray's actor wrapper), stopped at ``transfer_queue.init`` (a ledger
+    entry of ``TaskRunnerV1.run``).
+
+    Raises:
+        Whatever verl's trainer selection or ``OmegaConf.resolve`` raise; DryRunError: ``run`` returned without
+        calling ``transfer_queue.init``.
+    """
     import transfer_queue
     from verl.trainer.main_ppo import TaskRunnerV1
 
     if not config.trainer.use_v1:
         return "trainer.use_v1=False: legacy trainer, TaskRunnerV1 not used"
-
-    def record(*args, **kwargs):
-        raise _Reached(kwargs)
-
-    runner = TaskRunnerV1.__ray_actor_class__()
     try:
-        with mock.patch.object(transfer_queue, "init", side_effect=record), contextlib.redirect_stdout(io.StringIO()):
-            runner.run(config)
+        with mock.patch.object(transfer_queue, "init", side_effect=_record), contextlib.redirect_stdout(io.StringIO()):
+            TaskRunnerV1.__ray_actor_class__().run(config)
     except _Reached:
         return f"trainer_mode {config.trainer.v1.trainer_mode!r}; all interpolations resolve"
     raise DryRunError("TaskRunnerV1.run returned without calling transfer_queue.init")
 
 
-def _run_worker_configs(config) -> str:
-    """verl's dataclass conversions of the worker configs (``omega_conf_to_dataclass``)."""
+def _build_worker_configs(config) -> str:
+    """verl's dataclass conversions of the worker configs (``omega_conf_to_dataclass``); raises as verl's classes.
+
+    verl reads ``algorithm.*`` as a DictConfig; ``AlgoConfig`` is its typed schema (incl. ``rollout_correction``): it
+    catches a wrong TIS value before the GPUs do. (verl 0.9.1's ``RewardManagerConfig`` does not build: not checked.)
+    """
     from verl.utils.config import omega_conf_to_dataclass
 
     arr = config.actor_rollout_ref
-    built = [type(omega_conf_to_dataclass(arr.actor)).__name__, type(omega_conf_to_dataclass(arr.rollout)).__name__,
-             type(omega_conf_to_dataclass(arr.rollout.checkpoint_engine)).__name__]
-    # verl reads algorithm.* as a DictConfig; AlgoConfig is their typed schema (incl. rollout_correction): it
-    # catches a wrong TIS value before the GPUs do. (verl 0.9.1's RewardManagerConfig does not build: not checked.)
-    built.append(type(omega_conf_to_dataclass(config.algorithm)).__name__)
-    return "built " + ", ".join(built)
+    nodes = (arr.actor, arr.rollout, arr.rollout.checkpoint_engine, config.algorithm)
+    return "built " + ", ".join(type(omega_conf_to_dataclass(node)).__name__ for node in nodes)
 
 
-def _parallel_sizes(config) -> tuple[str, int, int, int]:
-    """``(engine, tp, pp, cp)`` of the actor: Megatron's sizes, or ``(strategy, 1, 1, 1)`` for FSDP."""
-    actor = config.actor_rollout_ref.actor
-    if actor.strategy == "megatron":
-        mg = actor.megatron
-        return "megatron", mg.tensor_model_parallel_size, mg.pipeline_model_parallel_size, mg.context_parallel_size
-    return str(actor.strategy), 1, 1, 1
-
-
-def _token_budget_checks(config) -> str:
-    """Every dynamic-batch token budget must hold the longest sequence (prompt + response).
-
-    verl's dynamic batching (``rearrange_micro_batches``) cannot place a longer sequence in any micro-batch.
-
-    Raises:
-        DryRunError: naming the budget key, its value and the two length keys.
-    """
-    from verl.trainer.ppo.utils import need_reference_policy
-
-    arr = config.actor_rollout_ref
-    longest = config.data.max_prompt_length + config.data.max_response_length
-    budgets = []
-    if arr.actor.use_dynamic_bsz:
-        budgets.append(("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", arr.actor.ppo_max_token_len_per_gpu))
-    if arr.rollout.log_prob_use_dynamic_bsz:
-        budgets.append(("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
-                        arr.rollout.log_prob_max_token_len_per_gpu))
-    if need_reference_policy(config) and arr.ref.get("log_prob_use_dynamic_bsz", False):
-        budgets.append(("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", arr.ref.log_prob_max_token_len_per_gpu))
-    for key, val in budgets:
-        if val is None or val < longest:
-            raise DryRunError(
-                f"{key}={val} < data.max_prompt_length + data.max_response_length = "
-                f"{config.data.max_prompt_length} + {config.data.max_response_length} = {longest}: a full-length "
-                "sequence fits in no dynamic-batch micro-batch"
-            )
-    if not budgets:
-        return f"no dynamic batch size; longest sequence {longest} tokens"
-    smallest = min(v for _, v in budgets)
-    return f"longest sequence {longest} tokens fits {len(budgets)} dynamic-batch budget(s) (min {smallest})"
-
-
-def _recipe_checks(config) -> tuple[str, list[str]]:
-    """Checks verl only meets at Megatron / vLLM start-up on GPUs. Returns (detail, warnings)."""
-    arr = config.actor_rollout_ref
-    engine, tp, pp, cp = _parallel_sizes(config)
-    nodes, per_node = config.trainer.nnodes, config.trainer.n_gpus_per_node
-    world = nodes * per_node
-    mp = tp * pp * cp
-    warnings: list[str] = []
-    if world % mp:
-        raise DryRunError(
-            f"world size {world} (trainer.nnodes={nodes} x n_gpus_per_node={per_node}) is not divisible by "
-            f"Megatron TP x PP x CP = {mp}; Megatron's parallel-state initialisation would fail"
-        )
-    if tp > per_node:
-        warnings.append(f"Megatron TP={tp} spans nodes (> {per_node} GPUs a node)")
-    rtp = arr.rollout.tensor_model_parallel_size
-    if per_node % rtp:
-        raise DryRunError(f"vLLM TP={rtp} does not divide n_gpus_per_node={per_node}")
-    budgets = _token_budget_checks(config)
-    dp = world // mp
-    responses = config.data.train_batch_size * arr.rollout.n
-    if responses % dp:
-        warnings.append(f"{responses} responses a step do not split evenly over {engine} DP={dp}")
-    if engine != "megatron":
-        if config.actor_rollout_ref.rollout.get("quantization", None) == "fp8":
-            raise DryRunError("actor_rollout_ref.rollout.quantization=fp8 is set up for the Megatron recipes only")
-        return f"{engine} DP={dp}; {budgets}", warnings
-    mg = arr.actor.megatron
-
-    tc = mg.get("override_transformer_config", {}) or {}
-    fp8 = tc.get("fp8", None)
-    quant = arr.rollout.get("quantization", None)
-    rc = config.algorithm.get("rollout_correction", {}) or {}
-    if fp8 not in (None, False):
-        if fp8 not in FP8_FORMATS:
-            raise DryRunError(f"override_transformer_config.fp8={fp8!r}: allowed {list(FP8_FORMATS)}")
-        recipe = tc.get("fp8_recipe", None)
-        if recipe not in FP8_RECIPES:
-            raise DryRunError(f"override_transformer_config.fp8_recipe={recipe!r}: allowed {list(FP8_RECIPES)}")
-        if mg.get("dynamic_context_parallel", False):
-            raise DryRunError("dynamic_context_parallel does not support FP8 training (verl megatron engine)")
-        if recipe == "blockwise":
-            env = (config.ray_kwargs.ray_init.get("runtime_env", {}) or {}).get("env_vars", {}) or {}
-            if str(env.get(FP8_ENV, "")) != "1":
-                raise DryRunError(
-                    f"blockwise FP8 needs {FP8_ENV}=1 in every worker: "
-                    f"+ray_kwargs.ray_init.runtime_env.env_vars.{FP8_ENV}='1' (verl docs/low_precision/fp8.md)"
-                )
-        opt_recipe = (arr.actor.optim.get("override_optimizer_config", {}) or {}).get("fp8_recipe", None)
-        if opt_recipe != recipe:
-            warnings.append(f"optim.override_optimizer_config.fp8_recipe={opt_recipe!r} differs from {recipe!r}")
-    if quant == "fp8" and not rc.get("rollout_is", None):
-        raise DryRunError(
-            "actor_rollout_ref.rollout.quantization=fp8 without importance-sampling correction: set "
-            "algorithm.rollout_correction.rollout_is=token (verl's FP8 docs: accuracy drops without TIS)"
-        )
-    return f"Megatron DP={dp}; {budgets}", warnings
-
-
-def _model_checks(config) -> tuple[str, str]:
-    """HFModelConfig and model-shape checks when model.path is a local HF directory. Returns (status, detail)."""
-    arr = config.actor_rollout_ref
-    path = str(arr.model.path)
-    cfg_json = os.path.join(os.path.expanduser(path), "config.json")
-    if not os.path.isfile(cfg_json):
-        return "SKIPPED", (
-            f"model.path={path!r} is not a local HF directory: HFModelConfig (tokenizer/config loading) and the "
-            "model-shape checks (layers % PP, heads % TP) did not run"
-        )
-    import json
-
+def _build_model_config(config) -> Check:
+    """The model shape (:func:`~stapo_verl.launch.recipe_rules.check_model_shape`), then verl's ``HFModelConfig``
+    (HF config and tokenizer, no weights) when ``model.path`` is local; raises as those two."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    with open(cfg_json, encoding="utf-8") as f:
-        hf = json.load(f)
-    layers, heads = hf.get("num_hidden_layers"), hf.get("num_attention_heads")
-    kv = hf.get("num_key_value_heads", heads)
-    _, tp, pp, _ = _parallel_sizes(config)
-    rtp = arr.rollout.tensor_model_parallel_size
-    if layers and layers % pp:
-        raise DryRunError(f"num_hidden_layers={layers} is not divisible by Megatron PP={pp}")
-    for name, t in (("Megatron TP", tp), ("vLLM TP", rtp)):
-        if heads and heads % t:
-            raise DryRunError(f"num_attention_heads={heads} is not divisible by {name}={t}")
-        if kv and kv % t and t % kv:
-            raise DryRunError(f"num_key_value_heads={kv} and {name}={t}: neither divides the other")
-    # Shape first (pure JSON), then what the worker builds: HF config + tokenizer, no weights.
-    omega_conf_to_dataclass(arr.model)
-    return "PASS", f"HFModelConfig built; layers={layers} heads={heads} kv_heads={kv} fit TP/PP"
-
-
-def _schedule_checks(config) -> tuple[str, str, list[str]]:
-    """The run trains the steps it states, and its last step gets a checkpoint and a validation.
-
-    verl 0.9.1's loop (``verl.trainer.ppo.v1.trainer_base`` ``fit``) also stops at ``trainer.total_epochs``, with
-    ⌊rows / train_batch_size⌋ steps an epoch (the dataloader drops the last incomplete batch), silently; verl has no
-    such check. It saves and validates at the last step when ``save_freq`` / ``test_freq`` > 0.
-
-    Returns:
-        ``(status, detail, warnings)``; status ``SKIPPED`` when the train parquet is absent here.
-    Raises:
-        DryRunError: too few epochs (naming ``trainer.total_epochs``, the rows, ``data.train_batch_size`` and
-            ``trainer.total_training_steps``), or fewer rows than one batch.
-    """
-    import math
-
-    tr = config.trainer
-    bs = config.data.train_batch_size
-    steps, epochs = tr.total_training_steps, tr.total_epochs
-    rows, missing = train_rows(config)
-    warnings: list[str] = []
-    last = steps
-    if rows is None:
-        status = "SKIPPED"
-        detail = (f"train parquet {missing[0]} absent here: the total_epochs x rows check did not run "
-                  f"(trainer.total_epochs={epochs}, trainer.total_training_steps={steps})")
-    else:
-        per_epoch = rows // bs
-        if per_epoch == 0:
-            raise DryRunError(f"data.train_files holds {rows} rows < data.train_batch_size={bs}: no training step")
-        reach = epochs * per_epoch
-        if steps is not None and reach < steps:
-            raise DryRunError(
-                f"trainer.total_epochs={epochs} x floor({rows} rows of data.train_files / data.train_batch_size={bs}) "
-                f"= {epochs} x {per_epoch} = {reach} < trainer.total_training_steps={steps}: verl's loop would stop "
-                f"silently at step {reach}, without the final checkpoint and validation; set "
-                f"trainer.total_epochs>={math.ceil(steps / per_epoch)}"
-            )
-        last = reach if steps is None else steps
-        status = "PASS"
-        detail = (f"{rows} train rows (parquet metadata; before filter_overlong_prompts) / batch {bs} = {per_epoch} "
-                  f"steps an epoch x trainer.total_epochs={epochs} = {reach} >= {last} steps")
-    for key, what in (("save_freq", "checkpoint"), ("test_freq", "validation")):
-        freq = tr[key]
-        if freq is None or freq <= 0:
-            warnings.append(f"trainer.{key}={freq}: the last step {last} gets no {what}")
-    return status, detail, warnings
-
-
-def _stop_token_checks(config) -> tuple[str, str, str, list[str]]:
-    """The stop setting that reaches the rollout config, and the ids it makes the rollout stop at.
-
-    Returns ``(status, detail, stop_ids, warnings)``; SKIPPED when ``model.path`` is not a local HF directory
-    (the recipes then resolve the ids at launch). Warns when the model's chat template ends a turn with a token
-    the rollout would not stop at (Qwen3 base: ``<|im_end|>``).
-    """
-    from omegaconf import OmegaConf
-
-    from stapo_verl.launch import stop_tokens
-
-    key = "actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config"
-    gc = OmegaConf.select(config, key, default=None)
-    path = os.path.expanduser(str(config.actor_rollout_ref.model.path))
-    setting = f"{key}={gc!r}"
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        return "SKIPPED", (f"{setting}; model.path is not a local HF directory, so the stop ids are read at launch "
-                           f"(python -m stapo_verl.launch.stop_tokens --model <model.path> --out <that folder>)"), "", []
-    stop = stop_tokens.resolve(path)
-    warnings: list[str] = []
-    folder_pending = gc not in (None, "", *stop_tokens.VLLM_GENERATION_CONFIG_KEYWORDS) and not os.path.isfile(
-        os.path.join(os.path.expanduser(str(gc)), "generation_config.json"))
-    if folder_pending:
-        effective = list(stop.ids)
-        source = "folder written at launch by stapo_verl.launch.stop_tokens"
-    else:
-        effective = stop_tokens.effective_stop_ids(path, None if gc is None else str(gc))
-        source = "as configured"
-    missing = [i for i in stop.ids if i not in effective]
-    if missing:
-        warnings.append(
-            f"the rollout stops at {effective} but the model also ends turns/sequences with "
-            f"{[stop.tokens[i] for i in missing]}: responses may run on into invented turns; point "
-            f"+{key} at a folder written by `python -m stapo_verl.launch.stop_tokens --model {path} --out <folder>` "
-            "(the recipes do, with STOP_AT_END_OF_TURN=1)"
-        )
-    ids = ", ".join(f"{i} {stop.tokens.get(i, '?')}" for i in effective)
-    return "PASS", f"{setting} ({source}): the rollout stops at [{ids}]", f"[{ids}]", warnings
-
-
-def _data_checks(config) -> tuple[str, str]:
-    files = data_files(config.data.get("train_files")) + data_files(config.data.get("val_files"))
-    missing = [f for f in files if not os.path.exists(os.path.expanduser(f))]
-    if missing:
-        return "SKIPPED", f"dataset loading not run; {len(missing)}/{len(files)} files absent here (fine for a dry-run)"
-    return "PASS", f"all {len(files)} data files exist (dataset loading itself not run)"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Summary
+    shape = recipe_rules.check_model_shape(config)
+    if shape.status == "SKIPPED":
+        return shape
+    omega_conf_to_dataclass(config.actor_rollout_ref.model)
+    return Check(f"HFModelConfig built; {shape.detail}")
 
 
 def _summary(config) -> list[tuple[str, Any]]:
+    """The printed settings: :data:`SUMMARY_KEYS` (policy-loss keys only the plugin's class has are left out when
+    absent) and the derived values. Raises nothing for a config that passed the steps."""
     from omegaconf import OmegaConf
 
     def sel(key: str) -> Any:
         return OmegaConf.select(config, key, default=None)
 
-    arr = "actor_rollout_ref."
-    mg = arr + "actor.megatron."
-    pl = arr + "actor.policy_loss."
-    keys = [
-        arr + "model.path",
-        "trainer.nnodes",
-        "trainer.n_gpus_per_node",
-        mg + "tensor_model_parallel_size",
-        mg + "pipeline_model_parallel_size",
-        mg + "context_parallel_size",
-        mg + "param_offload",
-        mg + "optimizer_offload",
-        mg + "use_mbridge",
-        mg + "use_dist_checkpointing",
-        mg + "dtype",
-        arr + "rollout.name",
-        arr + "rollout.mode",
-        arr + "rollout.tensor_model_parallel_size",
-        arr + "rollout.gpu_memory_utilization",
-        "data.train_batch_size",
-        arr + "rollout.n",
-        arr + "actor.ppo_mini_batch_size",
-        arr + "actor.ppo_epochs",
-        "data.max_prompt_length",
-        "data.max_response_length",
-        arr + "actor.use_dynamic_bsz",
-        arr + "actor.ppo_max_token_len_per_gpu",
-        arr + "rollout.log_prob_max_token_len_per_gpu",
-        arr + "actor.optim.lr",
-        arr + "actor.optim.lr_warmup_steps",
-        arr + "actor.optim.lr_decay_style",
-        arr + "actor.optim.weight_decay",
-        arr + "actor.optim.clip_grad",
-        arr + "actor.clip_ratio_low",
-        arr + "actor.clip_ratio_high",
-        arr + "actor.clip_ratio_c",
-        arr + "actor.loss_agg_mode",
-        pl + "loss_mode",
-        pl + "token_mask",
-        pl + "_target_",
-        pl + "tau_p",
-        pl + "entropy_quantile",
-        pl + "stats_source",
-        pl + "top_entropy_ratio",
-        arr + "actor.calculate_entropy",
-        arr + "actor.entropy_coeff",
-        arr + "actor.use_kl_loss",
-        arr + "actor.kl_loss_type",
-        arr + "actor.kl_loss_coef",
-        "algorithm.adv_estimator",
-        "algorithm.use_kl_in_reward",
-        arr + "rollout.temperature",
-        arr + "rollout.top_p",
-        arr + "rollout.val_kwargs.do_sample",
-        arr + "rollout.val_kwargs.n",
-        arr + "rollout.val_kwargs.temperature",
-        arr + "rollout.val_kwargs.top_p",
-        arr + "rollout.engine_kwargs.vllm.generation_config",
-        mg + "override_transformer_config.fp8",
-        mg + "override_transformer_config.fp8_recipe",
-        arr + "actor.optim.override_optimizer_config.fp8_recipe",
-        arr + "rollout.quantization",
-        "algorithm.rollout_correction.rollout_is",
-        "algorithm.rollout_correction.rollout_is_threshold",
-        "reward.reward_manager.name",
-        "reward.custom_reward_function.path",
-        "reward.custom_reward_function.name",
-        "data.train_files",
-        "data.dataloader_num_workers",
-        arr + "actor.strategy",
-        "trainer.total_training_steps",
-        "trainer.total_epochs",
-        "trainer.test_freq",
-        "trainer.save_freq",
-        "trainer.project_name",
-        "trainer.experiment_name",
-        "trainer.default_local_dir",
-    ]
-    out: list[tuple[str, Any]] = []
-    for k in keys:
-        v = sel(k)
-        if k.startswith(pl) and k != pl + "loss_mode" and v is None:
-            continue  # keys only the STAPO config class has
-        out.append((k, v))
-    world = sel("trainer.nnodes") * sel("trainer.n_gpus_per_node")
-    _, tp, pp, cp = _parallel_sizes(config)
-    mp = tp * pp * cp
-    fp8 = sel(mg + "override_transformer_config.fp8")
-    recipe = sel(mg + "override_transformer_config.fp8_recipe")
-    precision = "bf16" if fp8 in (None, False) else f"fp8 (TE {fp8}/{recipe})"
-    if sel(arr + "actor.strategy") != "megatron":
-        mixed = sel(arr + "actor.fsdp_config.mixed_precision") or {}
-        precision = (f"{sel(arr + 'actor.fsdp_config.model_dtype')} weights, "
-                     f"{mixed.get('param_dtype', 'bf16') if hasattr(mixed, 'get') else mixed} compute (FSDP)")
-    if sel(arr + "rollout.quantization"):
-        precision += f", rollout {sel(arr + 'rollout.quantization')}"
+    out = [(k, sel(k)) for k in SUMMARY_KEYS
+           if not (k.startswith(_PL) and k != _PL + "loss_mode" and sel(k) is None)]
+    lay = recipe_rules.layout(config)
+    fp8, tc = sel(_MG + "override_transformer_config.fp8"), _MG + "override_transformer_config.fp8_recipe"
+    precision = "bf16" if fp8 in (None, False) else f"fp8 (TE {fp8}/{sel(tc)})"
+    if lay.engine != "megatron":
+        precision = (f"{sel(_A + 'actor.fsdp_config.model_dtype')} weights, "
+                     f"{sel(_A + 'actor.fsdp_config.mixed_precision.param_dtype') or 'bf16'} compute (FSDP)")
+    quant = sel(_A + "rollout.quantization")
     ray_address = os.environ.get("RAY_ADDRESS")
-    out += [
-        ("derived.precision", precision),
-        ("derived.world_size", world),
-        ("derived.engine", sel(arr + "actor.strategy")),
-        ("derived.dp", world // mp if mp else None),
-        ("derived.megatron_dp", world // mp if mp and sel(arr + "actor.strategy") == "megatron" else None),
-        ("derived.rollout_replicas", world // sel(arr + "rollout.tensor_model_parallel_size")),
-        ("derived.responses_per_step", sel("data.train_batch_size") * sel(arr + "rollout.n")),
-        (
-            "derived.optimizer_steps_per_step",
-            sel("data.train_batch_size") // sel(arr + "actor.ppo_mini_batch_size") * sel(arr + "actor.ppo_epochs"),
-        ),
+    train_batch = sel("data.train_batch_size")
+    return out + [
+        ("derived.precision", precision + (f", rollout {quant}" if quant else "")),
+        ("derived.world_size", lay.world),
+        ("derived.engine", lay.engine),
+        ("derived.dp", lay.dp),
+        ("derived.megatron_dp", lay.dp if lay.engine == "megatron" else None),
+        ("derived.rollout_replicas", lay.world // lay.rollout_tp),
+        ("derived.responses_per_step", train_batch * sel(_A + "rollout.n")),
+        ("derived.optimizer_steps_per_step",
+         train_batch // sel(_A + "actor.ppo_mini_batch_size") * sel(_A + "actor.ppo_epochs")),
         ("derived.ray", f"RAY_ADDRESS={ray_address}" if ray_address else "local ray.init"),
         # STAPO_* settings shipped to every Ray worker through ray_init.runtime_env (e.g. the reward timeout).
         ("derived.worker_env", {k: v for k, v in (sel("ray_kwargs.ray_init.runtime_env.env_vars") or {}).items()
                                 if str(k).startswith("STAPO_")}),
     ]
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------
-# Driver
 
 
 def _format_exception(exc: BaseException) -> str:
@@ -595,9 +313,10 @@ def _format_exception(exc: BaseException) -> str:
 def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
     """Compose and validate the recipe config given by ``overrides``; print the steps and key settings.
 
-    Never raises for a config problem: failures are recorded in the returned report (``ok=False``) and
-    printed with the verl / Hydra / OmegaConf message. Source: verl 0.9.1 ``verl.trainer.main_ppo.main``,
-    ``run_ppo`` and ``TaskRunnerV1.run``, which it runs up to ``ray.init`` / ``transfer_queue.init``.
+    Never raises for a config problem (the plugin's version error included): failures are recorded in the returned
+    report (``ok=False``) and printed with the verl / Hydra / OmegaConf message. Source: verl 0.9.1
+    ``verl.trainer.main_ppo.main``, ``run_ppo`` and ``TaskRunnerV1.run``, which it runs up to ``ray.init`` /
+    ``transfer_queue.init``.
 
     Args:
         overrides: Hydra overrides, exactly as passed to ``python -m verl.trainer.main_ppo``.
@@ -605,76 +324,55 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
     """
     out = out or sys.stdout
     report = DryRunReport()
-    derived: dict[str, Any] = {}
+    derived: list[tuple[str, Any]] = []
 
-    def emit(line: str = "") -> None:
+    def emit(line: str) -> None:
         print(line, file=out, flush=True)
 
-    def step(name: str, fn: Callable[[], Any]) -> Any:
+    def step(name: str, fn: Callable[[Any], str | Check]) -> bool:
         try:
-            res = fn()
-        except Exception as exc:  # noqa: BLE001  (every failure is reported, then the run stops)
+            res = fn(report.config)
+        except (Exception, IncompatibleVerlError) as exc:  # noqa: BLE001  (every failure is reported, then stop)
             report.ok = False
             report.steps.append((name, "FAIL", _format_exception(exc)))
             emit(f"{PREFIX} FAIL  {name}")
             emit(_format_exception(exc))
             if os.environ.get("STAPO_DRYRUN_TRACEBACK"):
                 emit("".join(traceback.format_exception(exc)))
-            raise _Stop from exc
-        status, detail = res if isinstance(res, tuple) and res[0] in ("PASS", "SKIPPED") else ("PASS", res)
-        report.steps.append((name, status, str(detail)))
-        emit(f"{PREFIX} {status:<5} {name}: {detail}")
-        return res
+            return False
+        res = res if isinstance(res, Check) else Check(str(res))
+        report.steps.append((name, res.status, res.detail))
+        emit(f"{PREFIX} {res.status:<5} {name}: {res.detail}")
+        for w in res.warnings:
+            report.steps.append((name, "WARN", w))
+            emit(f"{PREFIX} WARN  {w}")
+        if res.value is not None:
+            derived.append(res.value)
+        return True
 
-    try:
-        step("plugin import + entry point", _check_plugin)
+    def compose(_) -> str:
+        report.config = compose_config(overrides)
+        return f"verl's trainer config with {len(overrides)} overrides"
 
-        def compose() -> str:
-            report.config = compose_config(overrides)
-            return f"verl's trainer config with {len(overrides)} overrides"
-
-        step("hydra compose (main_ppo's config)", compose)
-        config = report.config
-        step("main_ppo.main: auto_set_device + validate_config + run_ppo up to ray.init",
-             lambda: _run_main(config, report))
-        step("loss mode registered", lambda: _check_loss_registered(config))
-        step("TaskRunnerV1.run up to transfer_queue.init", lambda: _run_task_runner(config))
-        step("worker config dataclasses", lambda: _run_worker_configs(config))
-
-        def recipe() -> str:
-            detail, warns = _recipe_checks(config)
-            for w in warns:
-                report.steps.append(("recipe checks", "WARN", w))
-                emit(f"{PREFIX} WARN  {w}")
-            return detail
-
-        step("recipe checks (Megatron/vLLM start-up rules)", recipe)
-
-        def with_warnings(name: str, res: tuple) -> tuple[str, str]:
-            *head, warns = res
-            for w in warns:
-                report.steps.append((name, "WARN", w))
-                emit(f"{PREFIX} WARN  {w}")
-            return head[0], head[1]
-
-        step("training length (epochs x rows, last-step checkpoint/validation)",
-             lambda: with_warnings("training length", _schedule_checks(config)))
-
-        step("HFModelConfig + model shape", lambda: _model_checks(config))
-
-        def stops() -> tuple[str, str]:
-            status, detail, ids, warns = _stop_token_checks(config)
-            derived["derived.stop_token_ids"] = ids or "resolved at launch"
-            return with_warnings("stop tokens", (status, detail, warns))
-
-        step("stop tokens reaching the rollout", stops)
-        step("data files", lambda: _data_checks(config))
-        step("Ray resource pools, Megatron/vLLM init", lambda: ("SKIPPED", "need GPUs and a Ray cluster"))
-    except _Stop:
+    steps: tuple[tuple[str, Callable[[Any], str | Check]], ...] = (
+        ("hydra compose (main_ppo's config)", compose),
+        ("plugin import + entry point + verl version", _check_plugin),
+        ("main_ppo.main: auto_set_device + validate_config + run_ppo up to ray.init", lambda c: _run_main(c, report)),
+        ("loss mode registered", _check_loss_registered),
+        ("TaskRunnerV1.run up to transfer_queue.init", _run_task_runner),
+        ("worker config dataclasses", _build_worker_configs),
+        ("recipe checks (Megatron/vLLM start-up rules)", recipe_rules.recipe_checks),
+        ("training length (epochs x rows, last-step checkpoint/validation)", recipe_rules.check_training_length),
+        ("HFModelConfig + model shape", _build_model_config),
+        ("stop tokens reaching the rollout", recipe_rules.check_stop_tokens),
+        ("data files", recipe_rules.check_data_files),
+        ("Ray resource pools, Megatron/vLLM init", lambda _: Check("need GPUs and a Ray cluster", "SKIPPED")),
+    )
+    if not all(step(name, fn) for name, fn in steps):  # stops at the first failure
         emit(f"{PREFIX} FAILED: the config would not start (message above is verl's / Hydra's own)")
         return report
 
-    report.settings = _summary(config) + list(derived.items())
+    report.settings = _summary(report.config) + derived
     emit(f"{PREFIX} resolved key settings:")
     width = max(len(k) for k, _ in report.settings)
     for k, v in report.settings:
@@ -684,7 +382,8 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: ``python -m stapo_verl.launch.dryrun <hydra overrides...>``; returns the exit status."""
+    """CLI entry: ``python -m stapo_verl.launch.dryrun <hydra overrides...>``; returns the exit status (raises
+    nothing for a config problem)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__)

@@ -305,8 +305,10 @@ PATCHES: tuple[Patch, ...] = (
         symbol="verl.trainer.main_ppo.main",
         action="relied on (called by the dry-run, stapo_verl.launch.dryrun, with ray.init and ray.is_initialized "
         "replaced by unittest.mock for the call): validates and resolves the config, then calls ray.init",
-        why="the dry-run runs verl's own start-up up to the point where it would start Ray",
-        upstream="none (a launcher tool of the plugin)",
+        why="the dry-run runs verl's own start-up up to the point where it would start Ray (ray.is_initialized reads "
+        "False so verl builds the ray.init arguments as for a fresh driver; ray.init records them and ends the call)",
+        upstream="none in verl 0.9.1: run_ppo builds the ray.init arguments and calls ray.init in one function; a verl "
+        "function returning those arguments (what run_ppo would pass) would replace both mocks",
         remove_when="never while the dry-run runs verl's start-up",
         signature="(config)",
         source_sha256="02d2b3ef6012de200e8349455e25c304d227aeff66e861e2a60752482b5d252f",
@@ -314,9 +316,12 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         symbol="verl.trainer.main_ppo.TaskRunnerV1.run",
         action="relied on (called by the dry-run on TaskRunnerV1.__ray_actor_class__(), with transfer_queue.init "
-        "replaced by unittest.mock for the call): builds the trainer's pieces, then calls transfer_queue.init",
-        why="the dry-run checks the worker/trainer selection verl would make, without Ray or TransferQueue",
-        upstream="none (a launcher tool of the plugin)",
+        "replaced by unittest.mock for the call): selects the trainer class and resolves the config, then calls "
+        "transfer_queue.init",
+        why="the dry-run checks the worker/trainer selection verl would make, without Ray or TransferQueue "
+        "(transfer_queue.init records the call and ends it before any trainer is built)",
+        upstream="none in verl 0.9.1: run selects the trainer, resolves the config and starts TransferQueue in one "
+        "method; a verl function doing the first two would replace the mock",
         remove_when="never while the dry-run runs verl's start-up",
         signature="(self, config: DictConfig)",
         source_sha256="661a86160739a0dcc1014f71164b707641d7a59b6edc05b4c69a39cb56758fc0",

@@ -8,7 +8,8 @@ verl. Then:
 * ``import verl`` works and logs one warning line naming both versions; nothing of verl is patched (every ledger
   symbol is verl's own), the CPU platform is not loaded, verl's own losses are looked up as usual;
 * a job that asks for STAPO fails naming both versions and ``STAPO_ALLOW_UNSUPPORTED_VERL=1``: the plugin's actor
-  option when verl builds the config, the recipe's ``--dry-run``, and ``loss_mode=stapo`` at the loss lookup;
+  option when verl builds the config, the recipe's ``--dry-run`` at its plugin step, and ``loss_mode=stapo`` at the
+  loss lookup;
 * a job that does not ask for it (the JustRL recipe) passes verl's start-up (the dry-run) as on verl 0.9.1;
 * with ``STAPO_ALLOW_UNSUPPORTED_VERL=1`` the plugin loads anyway, with a loud warning.
 """
@@ -151,13 +152,19 @@ def test_a_stapo_config_and_loss_fail_naming_both_versions(probe):
 
 
 def test_stapo_recipe_dry_run_fails_naming_both_versions(verl_090):
+    # the dry-run's plugin step runs the plugin's gate for the job: it fails there, before verl's start-up
     out = _run(["bash", "recipes/qwen3_8b_stapo.sh", "--dry-run"], verl_090)
-    assert out.returncode != 0
-    assert len(_gate_lines(out.stderr)) == 2, out.stderr[-3000:]  # the import warning, then the error
-    error = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1, (out.stdout + out.stderr)[-4000:]
+    assert len(_gate_lines(out.stderr)) == 1, out.stderr[-3000:]  # the import warning
+    lines = out.stdout.splitlines()
+    fail = next(i for i, line in enumerate(lines) if line.startswith("[stapo dry-run] FAIL "))
+    assert lines[fail] == "[stapo dry-run] FAIL  plugin import + entry point + verl version", lines[fail]
+    assert "main_ppo.main" not in out.stdout  # nothing after the failing step ran
+    error = lines[fail + 1]
     assert error.startswith("stapo_verl.integration.verl_0_9_1.IncompatibleVerlError: "
                             f"{PL}.loss_mode='stapo', token_mask='s2t' needs"), error
     assert FOUND in error and f"{ALLOW_ENV}=1" in error
+    assert "[stapo dry-run] FAILED" in out.stdout
 
 
 def test_a_job_without_stapo_passes_verls_start_up(verl_090):

@@ -240,6 +240,15 @@ def test_fp8_rollout_without_tis_is_rejected():
     assert "rollout_is=token" in text
 
 
+def test_fp8_values_are_checked_against_megatron_core():
+    (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", [], env={"PRECISION": "fp8"})
+    tc = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    report, text = _dry([*overrides, f"{tc}.fp8_recipe=blockwize"])
+    assert not report.ok
+    assert "override_transformer_config.fp8_recipe='blockwize': allowed [" in text and "'blockwise'" in text
+    assert "(Megatron-Core TransformerConfig)" in text
+
+
 @pytest.mark.parametrize(
     "method,expect",
     [
