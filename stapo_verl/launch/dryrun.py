@@ -369,7 +369,7 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
         ("Ray resource pools, Megatron/vLLM init", lambda _: Check("need GPUs and a Ray cluster", "SKIPPED")),
     )
     if not all(step(name, fn) for name, fn in steps):  # stops at the first failure
-        emit(f"{PREFIX} FAILED: the config would not start (message above is verl's / Hydra's own)")
+        emit(f"{PREFIX} FAILED: the config would not start (see the message above)")
         return report
 
     report.settings = _summary(report.config) + derived
