@@ -141,8 +141,9 @@ def _token_budgets(config) -> str:
 
 
 def megatron_choices(name: str) -> tuple | None:
-    """The values Megatron-Core's ``TransformerConfig`` declares for its field ``name`` (an ``Optional[Literal]``),
-    or None when megatron-core is not installed here. Raises KeyError for a field it does not have."""
+    """The values Megatron-Core's ``TransformerConfig`` declares for its field ``name`` (an ``Optional[Literal]``;
+    ``()`` for a type without ``Literal`` values), or None when megatron-core is not installed here. Raises KeyError
+    for a field it does not have."""
     try:
         from megatron.core.transformer.transformer_config import TransformerConfig
     except ImportError:
@@ -179,8 +180,8 @@ def _fp8_warnings(config, lay: Layout) -> list[str]:
     if fp8 not in (None, False):
         for key, value in (("fp8", fp8), ("fp8_recipe", recipe)):
             allowed = megatron_choices(key)
-            if allowed is None:
-                warnings.append(f"{_TC}.{key}={value!r} not checked: megatron-core is not installed here")
+            if not allowed:  # megatron-core not installed here, or a field type without Literal values
+                warnings.append(f"{_TC}.{key}={value!r} not checked: no Megatron-Core TransformerConfig values here")
             elif value not in allowed:
                 raise RecipeRuleError(
                     f"{_TC}.{key}={value!r}: allowed {list(allowed)} (Megatron-Core TransformerConfig)")
