@@ -8,9 +8,17 @@ batch: p < τ_p on 1e-3 of the tokens, |Â| > 0 per sequence, a quarter of the s
 Timed, each as the median (and interquartile range) over ``--repeats`` runs after one warm-up, the components
 interleaved in every repeat so a drift of the machine hits all of them alike:
 
-* ``mask``: the S2T pre-pass itself (``apply_policy_token_mask``), the reference point (not a diagnostics cost);
-* ``stats``: :func:`stapo_verl.diagnostics.stats.mask_statistics` (quantiles, fraction, position thirds, the four
-  histograms) — runs on every mini-batch of every step;
+* ``mask``: the S2T pre-pass alone (``apply_policy_token_mask``): what a mini-batch costs with
+  ``policy_loss.mask_statistics=False`` (the reference point, not a diagnostics cost);
+* ``mask+stats``: the pre-pass as the worker runs it with the statistics on (the default): the statistics
+  (quantiles, fraction, position thirds, the silenced-gradient shares with Qwen3's |V| = 151,936, the four
+  histograms) ride on the mask's candidates and its one DP exchange
+  (:class:`stapo_verl.diagnostics.stats.MaskStatisticsObserver`); its excess over ``mask`` is the statistics' cost.
+  Skipped (and said so) on a stapo-verl without the observer;
+* ``mask,stats``: the pre-pass, then :func:`stapo_verl.diagnostics.stats.mask_statistics` with the same |V| on its
+  keep mask: the statistics on their own, selecting the candidates again, with an exchange of their own (how the
+  worker ran them before they rode on the mask's exchange; on one process the exchanges are no-ops);
+* ``stats``: that ``mask_statistics`` call alone;
 * ``rows``: the token rows of the table (:func:`stapo_verl.minibatch.token_dump.minibatch_token_rows` under the
   256-row cap with a decode-counting tokenizer) — shared with the JSONL dump when both are on;
 * ``ship``: the table's own worker-side work on a due step (:func:`cap_rows` + the pickle of what
@@ -20,8 +28,10 @@ interleaved in every repeat so a drift of the machine hits all of them alike:
 * ``lm_head``: the norm of one rank's FSDP shard of Qwen3-8B's output weight (151,936 × 4,096 / 16 ranks, fp32) —
   once per optimizer step.
 
-On one process the DP exchanges are no-ops; their payload is the candidates' entropies (~480 floats per rank) plus
-fixed-size histograms, and the rows on due steps. Results are printed as ms per rank per step and ns per token.
+On one process the DP exchanges are no-ops (the saving of the statistics' own ``all_gather_object`` per mini-batch is
+not in these times); what each rank sends is printed: the statistics' share of the mask's exchange (the histograms,
+counts and bound sums, each candidate's third and bounds) and, for comparison, the standalone exchange of
+``mask_statistics``, and the rows on due steps. Results are printed as ms per rank per step and ns per token.
 Usage: ``python benchmarks/bench_diagnostics.py [--repeats 10] [--device cpu|cuda] [--clock wall|cpu]``
 (``--clock cpu``: the process's CPU time on one torch thread, for a machine whose cores other jobs share).
 """
@@ -41,7 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the te
 from bench_loss import RANK_SEQ_LEN, RANK_SEQS, _actor_config, _batch, _sync  # noqa: E402
 from support.tokenizers import CountingTokenizer  # noqa: E402
 
-VOCAB_SHARD = (151_936 * 4_096) // 16
+#: Qwen3's |V| (the width of its logits), for the silenced-gradient share's upper bound
+VOCAB_SIZE = 151_936
+VOCAB_SHARD = (VOCAB_SIZE * 4_096) // 16
 
 
 def _inputs(device):
@@ -75,11 +87,15 @@ def main(argv=None):
     from torch.utils.tensorboard import SummaryWriter
 
     import stapo_verl.plugin  # noqa: F401
-    from stapo_verl.core.losses import apply_policy_token_mask
+    from stapo_verl.algo.s2t import candidate_mask
+    from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY, apply_policy_token_mask
     from stapo_verl.diagnostics import trackers
     from stapo_verl.diagnostics.shipping import cap_rows
+    from stapo_verl.diagnostics import stats as stats_module
     from stapo_verl.diagnostics.stats import local_partials, mask_statistics
     from stapo_verl.minibatch.token_dump import minibatch_token_rows
+
+    observer_class = getattr(stats_module, "MaskStatisticsObserver", None)  # None on an older stapo-verl
 
     torch.manual_seed(0)
     if a.clock == "cpu":
@@ -100,8 +116,19 @@ def main(argv=None):
     def mask():
         apply_policy_token_mask(cfg, td.clone(), None)
 
+    def mask_and_stats():
+        observer = observer_class(*args[:4], tau_p=cfg.policy_loss.tau_p, vocab_size=VOCAB_SIZE)
+        apply_policy_token_mask(cfg, td.clone(), None, observer=observer)
+        state["observed"] = observer
+
+    def mask_then_stats():
+        masked = td.clone()
+        apply_policy_token_mask(cfg, masked, None)
+        mask_statistics(*args[:4], masked[POLICY_LOSS_MASK_KEY].bool(), tau_p=cfg.policy_loss.tau_p,
+                        vocab_size=VOCAB_SIZE)
+
     def stats():
-        state["stats"] = mask_statistics(*args, tau_p=cfg.policy_loss.tau_p)
+        state["stats"] = mask_statistics(*args, tau_p=cfg.policy_loss.tau_p, vocab_size=VOCAB_SIZE)
 
     def rows():
         state["rows"] = minibatch_token_rows(td, batch, keep, config=cfg, step=3, minibatch=0, dp_rank=0,
@@ -126,7 +153,10 @@ def main(argv=None):
     def lm_head():
         torch.nn.utils.get_total_norm([shard], norm_type=2.0).item()
 
-    jobs = {"mask": mask, "stats": stats, "rows": rows, "ship": ship, "driver": driver, "lm_head": lm_head}
+    jobs = {"mask": mask, "mask+stats": mask_and_stats, "mask,stats": mask_then_stats, "stats": stats, "rows": rows,
+            "ship": ship, "driver": driver, "lm_head": lm_head}
+    if observer_class is None:
+        del jobs["mask+stats"]
     times = {k: [] for k in jobs}
     for rep in range(a.repeats + 1):
         for name, fn in jobs.items():
@@ -137,22 +167,38 @@ def main(argv=None):
             if rep:
                 times[name].append(clock() - t0)
     st = state["stats"]
-    partial = local_partials(*args, cfg.policy_loss.tau_p)
+    partial = local_partials(*args, cfg.policy_loss.tau_p, vocab_size=VOCAB_SIZE)
     print(f"# one rank's share: {RANK_SEQS} x {RANK_SEQ_LEN} = {n_tokens} tokens on {a.device}; {st.n_candidates} "
           f"candidates ({st.n_candidates / n_tokens:.1e}), {int(metrics['actor/stapo/num_masked'])} silenced, "
-          f"{len(state['rows'])} table rows; median (IQR) of {a.repeats} interleaved repeats, {a.clock} clock"
-          + (", 1 torch thread" if a.clock == "cpu" else ""))
-    print(f"# per-mini-batch DP exchange of the statistics: {len(pickle.dumps(partial))} bytes per rank; rows on a "
-          f"due step: {state['bytes']} bytes per rank")
+          f"{len(state['rows'])} table rows; |V| = {VOCAB_SIZE}; median (IQR) of {a.repeats} interleaved repeats, "
+          f"{a.clock} clock" + (", 1 torch thread" if a.clock == "cpu" else ""))
+    if observer_class is None:
+        print("# mask+stats skipped: this stapo-verl has no MaskStatisticsObserver (statistics on the mask's exchange); "
+              f"mask_statistics' own exchange: {len(pickle.dumps(partial))} bytes per rank")
+    else:
+        observed = state["observed"]
+        assert observed.statistics == st, "the statistics on the mask's exchange differ from mask_statistics"
+        share = observed.share(candidate_mask(*args[:4], cfg.policy_loss.tau_p)[0])  # what the mask sends along
+        print(f"# per-mini-batch DP exchange: the statistics' share of the mask's one exchange "
+              f"{len(pickle.dumps(share))} bytes per rank (identical statistics); mask_statistics on its own: a second "
+              f"exchange of "
+              f"{len(pickle.dumps(partial))} bytes per rank")
+    print(f"# rows on a due step: {state['bytes']} bytes per rank")
     for name, ts in times.items():
         q1, med, q3 = statistics.quantiles(ts, n=4, method="inclusive")
         per_token = f"{med / n_tokens * 1e9:8.2f} ns/token" if name != "driver" else "     (driver)"
-        print(f"{name:8s} {med * 1e3:9.3f} ms (IQR {q1 * 1e3:.3f}-{q3 * 1e3:.3f}) {per_token}")
+        print(f"{name:10s} {med * 1e3:9.3f} ms (IQR {q1 * 1e3:.3f}-{q3 * 1e3:.3f}) {per_token}")
     med = {k: statistics.median(v) for k, v in times.items()}
+    if "mask+stats" in med:
+        on = med["mask+stats"] - med["mask"]
+        print(f"statistics on the mask's exchange (mask+stats - mask): {on * 1e3:.2f} ms = {on / n_tokens * 1e9:.2f} "
+              f"ns/token per mini-batch, one exchange; on their own (mask,stats - mask): "
+              f"{(med['mask,stats'] - med['mask']) * 1e3:.2f} ms and a second exchange; with mask_statistics=False "
+              f"the mini-batch costs the mask's own {med['mask'] * 1e3:.2f} ms")
     every = med["stats"] + med["lm_head"]
     due = med["rows"] + med["ship"]
-    print(f"every step, per rank: stats + lm_head = {every * 1e3:.2f} ms = {every / n_tokens * 1e9:.2f} ns/token "
-          f"({every / med['mask']:.2f}x the S2T mask's own {med['mask'] * 1e3:.2f} ms)")
+    print(f"every step, per rank: stats (standalone) + lm_head = {every * 1e3:.2f} ms = {every / n_tokens * 1e9:.2f} "
+          f"ns/token ({every / med['mask']:.2f}x the S2T mask's own {med['mask'] * 1e3:.2f} ms)")
     print(f"table step, per rank: + rows + ship = {due * 1e3:.2f} ms = {due / n_tokens * 1e9:.2f} ns/token (rows are "
           f"shared with the JSONL dump); driver {med['driver'] * 1e3:.2f} ms per table step")
     writer.close()

@@ -7,7 +7,8 @@ P = {H_{i,t} : valid, Â_i > 0, p_{i,t} < τ_p}, gathered over the data-parallel
 tokens whose log-prob or entropy is not finite, leave the policy-gradient term and its token-mean denominator.
 
 Torch only. One collective, over the group the caller passes: ``torch.distributed.all_gather_object`` of each
-rank's candidates (a few per response) and token counts (``None``, or no process group: one process holds all).
+rank's candidates (a few per response) and token counts (``None``, or no process group: one process holds all); an
+``observer`` (e.g. logging statistics) can send its own share in it instead of adding a collective.
 """
 
 from __future__ import annotations
@@ -49,24 +50,27 @@ def candidate_mask(log_prob, entropy, advantages, response_mask, tau_p: float) -
     return valid & finite & (adv > 0) & below_tau_p, nonfinite
 
 
-def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group=None):
+def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group=None, extra=None):
     """The candidate population P of the whole group, with one ``all_gather_object``.
 
     Args:
         log_prob, entropy, response_mask: (bs, T), as in :func:`candidate_mask`; candidates, nonfinite: its output.
         group: the data-parallel group whose ranks together hold the mini-batch (each token on one rank), or None.
+        extra: any picklable object this rank sends along in the same collective (None: nothing).
 
     Returns:
-        ``(rows, offset, n_valid, n_nonfinite)``: rows (|P|, 2) float64 on the CPU, (H, log p) of the candidates of
-        every rank in rank order; the index of this rank's first row; the group's valid and non-finite token counts.
+        ``(rows, offset, n_valid, n_nonfinite, extras)``: rows (|P|, 2) float64 on the CPU, (H, log p) of the
+        candidates of every rank in rank order; the index of this rank's first row; the group's valid and non-finite
+        token counts; every rank's ``extra``, in rank order.
     """
     rows = torch.stack([entropy.detach().float()[candidates], log_prob.detach().float()[candidates]], dim=1)
-    parts, rank = [(rows.double().cpu(), int(response_mask.bool().sum()), int(nonfinite.sum()))], 0
+    parts, rank = [(rows.double().cpu(), int(response_mask.bool().sum()), int(nonfinite.sum()), extra)], 0
     if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
         local, parts, rank = parts[0], [None] * dist.get_world_size(group), dist.get_rank(group)
         dist.all_gather_object(parts, local, group=group)
     offset = sum(part[0].shape[0] for part in parts[:rank])
-    return torch.cat([part[0] for part in parts]), offset, sum(p[1] for p in parts), sum(p[2] for p in parts)
+    n_valid, n_nonfinite = sum(p[1] for p in parts), sum(p[2] for p in parts)
+    return torch.cat([part[0] for part in parts]), offset, n_valid, n_nonfinite, [p[3] for p in parts]
 
 
 def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h: float | None) -> dict[str, float]:
@@ -91,7 +95,7 @@ def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h: float | N
     return metrics
 
 
-def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, q=0.75, group=None):
+def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, q=0.75, group=None, observer=None):
     """Keep mask K = valid ∧ finite ∧ ¬spurious for this rank's share of one optimizer mini-batch.
 
     The candidates are gathered over ``group`` before τ_h is taken, so every rank applies the same τ_h and K does not
@@ -99,7 +103,11 @@ def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, 
 
     Args:
         log_prob, entropy, advantages, response_mask: (bs, T), as in :func:`candidate_mask`.
-        tau_p: τ_p (paper: 0.002). q: entropy quantile in [0, 1] (paper: 0.75). group: see :func:`gather_candidates`.
+        tau_p: τ_p (paper: 0.002). q: entropy quantile, 0 < q <= 1 (paper: 0.75). group: see
+            :func:`gather_candidates`.
+        observer: None, or what rides on the same collective: ``observer.share(candidates)`` is sent along with this
+            rank's candidates; ``observer.gathered(rows, silenced, shares)`` then gets the group's candidate rows,
+            which of them are silenced ((|P|,) bool) and every rank's share, in rank order.
 
     Returns:
         ``(keep, metrics)``: keep (bs, T) bool on the device of ``log_prob``; metrics as :func:`s2t_metrics`.
@@ -110,11 +118,14 @@ def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, 
     Source: STAPO paper §3 and Algorithm 1 (τ_h: ``torch.quantile``, linear), generalised to data parallelism.
     """
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
-    gathered = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group)
-    rows, offset, n_valid, n_nonfinite = gathered
+    share = observer.share(candidates) if observer is not None else None
+    gathered = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group, share)
+    rows, offset, n_valid, n_nonfinite, shares = gathered
     entropies = rows[:, 0].float()
     tau_h = float(torch.quantile(entropies, q)) if len(entropies) else None
     silenced = entropies < tau_h if tau_h is not None else torch.zeros(0, dtype=torch.bool)
+    if observer is not None:
+        observer.gathered(rows, silenced, shares)
     spurious = torch.zeros_like(candidates)
     spurious[candidates] = silenced[offset : offset + int(candidates.sum())].to(candidates.device)
     return response_mask.bool() & ~nonfinite & ~spurious, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau_h)

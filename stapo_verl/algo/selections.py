@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from stapo_verl.algo.s2t import candidate_mask, gather_candidates, s2t_metrics
+from stapo_verl.core.config_ranges import check_range
 
 #: bits kept of a derived seed (``torch.Generator.manual_seed`` takes a signed 64-bit value)
 _SEED_BITS = 0x7FFF_FFFF_FFFF_FFFF
@@ -36,6 +37,7 @@ def s2t_ablation_keep_mask(
     tau_p: float,
     select: CandidateSelection,
     group=None,
+    observer=None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Keep mask of an S2T ablation: the S2T candidates (Â > 0, p < τ_p, gathered over ``group``), of which
     ``select`` silences some; valid non-finite tokens are dropped as in S2T.
@@ -44,6 +46,7 @@ def s2t_ablation_keep_mask(
         log_prob, entropy, advantages, response_mask: (bs, T), as in :func:`stapo_verl.algo.s2t.candidate_mask`.
         tau_p: τ_p. select: a deterministic :data:`CandidateSelection` (every rank must agree).
         group: the data-parallel group holding the mini-batch, or None.
+        observer: rides on the one collective, as in :func:`stapo_verl.algo.s2t.s2t_keep_mask` (None: nothing).
 
     Returns:
         ``(keep (bs, T) bool, metrics)`` with the S2T mask's metric keys (``tau_h``: the selection's threshold).
@@ -52,9 +55,12 @@ def s2t_ablation_keep_mask(
         ValueError: the inputs do not share one shape.
     """
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
-    rows, offset, n_valid, n_nonfinite = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite,
-                                                           group)
+    share = observer.share(candidates) if observer is not None else None
+    rows, offset, n_valid, n_nonfinite, shares = gather_candidates(log_prob, entropy, response_mask, candidates,
+                                                                   nonfinite, group, share)
     silenced, tau = select(rows[:, 0].float())
+    if observer is not None:
+        observer.gathered(rows, silenced, shares)
     spurious = torch.zeros_like(candidates)
     spurious[candidates] = silenced[offset : offset + int(candidates.sum())].to(candidates.device)
     return response_mask.bool() & ~nonfinite & ~spurious, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau)
@@ -130,7 +136,7 @@ def top_entropy_keep_mask(
 
     Args:
         entropy: (bs, T) float, entropy in nats. response_mask: (bs, T) bool/int.
-        ratio: ρ in (0, 1].
+        ratio: ρ, ``policy_loss.top_entropy_ratio`` (0 < ρ <= 1).
         group: data-parallel group holding the mini-batch, or None.
 
     Returns:
@@ -138,12 +144,12 @@ def top_entropy_keep_mask(
         (the threshold only when something is kept).
 
     Raises:
-        ValueError: shapes differ or ``ratio`` is outside (0, 1].
+        ValueError: shapes differ. stapo_verl.core.config_ranges.StapoConfigError (a ValueError): ``ratio`` is
+            outside the config's range of ``top_entropy_ratio``.
     """
     if tuple(entropy.shape) != tuple(response_mask.shape):
         raise ValueError(f"entropy {tuple(entropy.shape)} and response_mask {tuple(response_mask.shape)} differ")
-    if not (0.0 < ratio <= 1.0):
-        raise ValueError(f"top-entropy ratio={ratio!r}: allowed 0 < ratio <= 1")
+    check_range("top_entropy_ratio", ratio)
     ent = entropy.detach().float()
     usable = response_mask.bool() & torch.isfinite(ent)
     local = ent[usable]

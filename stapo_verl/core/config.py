@@ -11,6 +11,11 @@ never type it. Key names and defaults::
     actor_rollout_ref.actor.policy_loss.tau_p=0.002
     actor_rollout_ref.actor.policy_loss.entropy_quantile=0.75
     actor_rollout_ref.actor.policy_loss.stats_source=old_policy  # or current_minibatch
+    actor_rollout_ref.actor.policy_loss.mask_statistics=true     # false: the mask's own metrics only
+
+The allowed values of every key are defined once, in :mod:`stapo_verl.core.config_ranges` (which the library
+functions that take the same values call too); which token-mask keys apply is declared by the mask where it is
+registered (``config_keys``).
 
 Source: STAPO paper (arXiv 2602.15620) §3 and §5 for the defaults; verl ``verl.workers.config.PolicyLossConfig``.
 """
@@ -19,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import sys
 import types
 import typing
@@ -29,6 +33,15 @@ from typing import Optional
 from omegaconf import DictConfig, open_dict, read_write
 from verl.workers.config.actor import PolicyLossConfig
 
+from stapo_verl.core.config_ranges import (
+    ACTOR,
+    KEY,
+    RANGES,
+    StapoConfigError,
+    check_collapse_warmup,
+    check_current_minibatch_pipeline,
+    check_range,
+)
 from stapo_verl.core.masks import S2T_TOKEN_MASKS
 from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
 
@@ -45,14 +58,10 @@ REPLACED_LOSS_MODES = types.MappingProxyType({
 })
 #: verl 0.9.1's ``actor.yaml`` default for ``policy_loss._target_``
 VERL_DEFAULT_TARGET = "verl.workers.config.PolicyLossConfig"
-_KEY = "actor_rollout_ref.actor.policy_loss"
-_ACTOR = "actor_rollout_ref.actor"
+_KEY = KEY
+_ACTOR = ACTOR
 #: the module whose successful import means the plugin's verl integration is installed in this process
 PLUGIN_MODULE = "stapo_verl.plugin"
-
-
-class StapoConfigError(ValueError):
-    """An invalid value; the message names the full config key and what is allowed."""
 
 
 class StapoNotRegisteredError(RuntimeError):
@@ -173,11 +182,6 @@ def _scalar_kind(annotation) -> tuple[type | None, bool]:
     return (annotation, False) if annotation in (float, int, bool, str) else (None, False)
 
 
-def _check_range(name: str, value: float, ok: bool, allowed: str) -> None:
-    if not ok:
-        raise StapoConfigError(f"{_KEY}.{name}={value!r} is out of range: allowed {allowed}")
-
-
 @dataclass
 class StapoPolicyLossConfig(PolicyLossConfig):
     """verl's ``PolicyLossConfig`` plus the policy-token-mask keys (built by Hydra through ``_target_``).
@@ -197,6 +201,11 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         top_entropy_ratio: ρ of ``token_mask=top_entropy``: keep the ⌈ρ·N⌉ tokens of highest entropy.
             0 < ρ ≤ 1; default 0.2.
         random_mask_seed: seed of ``token_mask=s2t_random`` (mixed with the global step and mini-batch index).
+        mask_statistics: log the mask statistics of every optimizer mini-batch (``actor/stapo/candidate_entropy_*``,
+            ``pos_adv_below_tau_p_frac``, ``silenced_share_*``, ``silenced_grad_share*``; the p and H histograms;
+            and with ``stats_source=current_minibatch`` the disagreement with the old policy's mask); S2T-family
+            masks only. They ride on the mask's own exchange over the DP group (no collective of their own). False:
+            the mask does its own work only. Default True.
         dump_tokens: write the silenced tokens and as many kept candidates per step as JSONL
             (:mod:`stapo_verl.minibatch.token_dump`); S2T-family masks only.
         dump_dir: directory of the dump; ``""`` → the directory of ``$VERL_FILE_LOGGER_PATH`` when set, else
@@ -213,11 +222,15 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         collapse_warmup_steps: previous steps needed before a z-score is logged (2 ≤ it ≤ collapse_window).
             Default 5.
 
-    Numeric keys (inherited ones included) accept numeric strings, coerced exactly.
+    Numeric keys (inherited ones included) accept numeric strings, coerced exactly. Every range above is defined
+    once, in :mod:`stapo_verl.core.config_ranges`; the token-mask keys (``tau_p``, ``entropy_quantile``,
+    ``top_entropy_ratio``, ``random_mask_seed``) are checked when the selected mask declares them (``config_keys`` of
+    its registration, :mod:`stapo_verl.core.masks`).
 
     Raises:
         StapoConfigError: a value of the wrong type or out of range, an unknown ``token_mask``, a removed loss
-            mode or statistics source, or ``loss_mode=stapo`` with a non-S2T mask.
+            mode or statistics source, ``loss_mode=stapo`` with a non-S2T mask, or a key the selected mask is
+            registered as reading that this config lacks.
         StapoNotRegisteredError: a mask or ``loss_mode=stapo`` is configured but the plugin is not loaded here.
         stapo_verl.integration.verl_0_9_1.IncompatibleVerlError: a mask or ``loss_mode=stapo`` is configured on a
             verl the plugin was not written for (checked first; see :func:`require_plugin_loaded`).
@@ -229,6 +242,7 @@ class StapoPolicyLossConfig(PolicyLossConfig):
     stats_source: str = "old_policy"
     top_entropy_ratio: float = 0.2
     random_mask_seed: int = 0
+    mask_statistics: bool = True
     dump_tokens: bool = False
     dump_dir: str = ""
     dump_max_rows_per_step: int = 256
@@ -288,42 +302,41 @@ class StapoPolicyLossConfig(PolicyLossConfig):
             )
         if self.stats_source not in STATS_SOURCES:
             raise StapoConfigError(f"{_KEY}.stats_source={self.stats_source!r}: allowed {list(STATS_SOURCES)}")
-        if self.token_mask in S2T_TOKEN_MASKS:
-            _check_range("tau_p", self.tau_p, 0.0 < self.tau_p < 1.0, "0 < tau_p < 1")
-            _check_range("entropy_quantile", self.entropy_quantile, 0.0 < self.entropy_quantile <= 1.0,
-                         "0 < entropy_quantile <= 1")
-        if self.token_mask == "top_entropy":
-            _check_range("top_entropy_ratio", self.top_entropy_ratio, 0.0 < self.top_entropy_ratio <= 1.0,
-                         "0 < top_entropy_ratio <= 1")
+        self._check_mask_keys()
         if self.dump_tokens:
             if self.token_mask not in S2T_TOKEN_MASKS:
                 raise StapoConfigError(
                     f"{_KEY}.dump_tokens=True dumps S2T candidates: it needs token_mask in {list(S2T_TOKEN_MASKS)} "
                     f"(got {self.token_mask!r}). For this mask set {_KEY}.dump_tokens=False"
                 )
-            _check_range("dump_max_rows_per_step", self.dump_max_rows_per_step, self.dump_max_rows_per_step >= 1,
-                         ">= 1")
+            check_range("dump_max_rows_per_step", self.dump_max_rows_per_step)
         self._check_diagnostics()
+
+    def _check_mask_keys(self) -> None:
+        """The keys the selected mask declares it reads (``config_keys`` of its registration): each must be a key of
+        this config, in its range (:data:`stapo_verl.core.config_ranges.RANGES`) when it has one."""
+        keys = {f.name for f in dataclasses.fields(self)}
+        for key in POLICY_TOKEN_MASK_REGISTRY[self.token_mask].config_keys:
+            if key not in keys:
+                raise StapoConfigError(
+                    f"{_KEY}.token_mask={self.token_mask!r} is registered as reading {_KEY}.{key}, which this config "
+                    f"does not have: allowed keys {sorted(keys)}"
+                )
+            if key in RANGES:
+                check_range(key, getattr(self, key))
 
     def _check_diagnostics(self) -> None:
         """Ranges of the tracker-diagnostics keys (``dump_every``, ``table_max_rows``, ``collapse_*``)."""
-        if self.dump_every is not None:
-            _check_range("dump_every", self.dump_every, self.dump_every >= 0,
-                         "null (at each validation), 0 (never) or n >= 1 (every n steps)")
-            if self.dump_every > 0 and not self.dump_tokens:
-                raise StapoConfigError(
-                    f"{_KEY}.dump_every={self.dump_every} logs the token dump's rows to the trackers: it needs "
-                    f"{_KEY}.dump_tokens=True"
-                )
-        _check_range("table_max_rows", self.table_max_rows, self.table_max_rows >= 2, ">= 2")
-        if self.collapse_z_threshold is not None:
-            _check_range("collapse_z_threshold", self.collapse_z_threshold,
-                         math.isfinite(self.collapse_z_threshold) and self.collapse_z_threshold > 0,
-                         "> 0, or null for z-scores without warnings")
-        _check_range("collapse_window", self.collapse_window, self.collapse_window >= 2, ">= 2")
-        _check_range("collapse_warmup_steps", self.collapse_warmup_steps,
-                     2 <= self.collapse_warmup_steps <= self.collapse_window,
-                     f"2 <= collapse_warmup_steps <= collapse_window ({self.collapse_window})")
+        check_range("dump_every", self.dump_every)
+        if self.dump_every is not None and self.dump_every > 0 and not self.dump_tokens:
+            raise StapoConfigError(
+                f"{_KEY}.dump_every={self.dump_every} logs the token dump's rows to the trackers: it needs "
+                f"{_KEY}.dump_tokens=True"
+            )
+        check_range("table_max_rows", self.table_max_rows)
+        check_range("collapse_z_threshold", self.collapse_z_threshold)
+        check_range("collapse_window", self.collapse_window)
+        check_collapse_warmup(self.collapse_warmup_steps, self.collapse_window)
 
 
 def stapo_target() -> str:
@@ -448,14 +461,8 @@ def validate_token_mask_config(config) -> None:
             "the token mask needs verl's old-log-prob pass (old_log_probs and entropy), which "
             "algorithm.rollout_correction.bypass_mode=True skips: set it to False"
         )
-    if stats_source == "current_minibatch":
-        pp = int(_get(config, f"{_ACTOR}.megatron.pipeline_model_parallel_size", 1) or 1)
-        if _get(config, f"{_ACTOR}.strategy", "") == "megatron" and pp > 1:
-            raise StapoConfigError(
-                f"{_KEY}.stats_source=current_minibatch is not supported with {_ACTOR}.megatron."
-                f"pipeline_model_parallel_size={pp} (only the last pipeline stage holds the extra forward's "
-                "outputs): use stats_source=old_policy or pipeline_model_parallel_size=1"
-            )
+    if stats_source == "current_minibatch" and _get(config, f"{_ACTOR}.strategy", "") == "megatron":
+        check_current_minibatch_pipeline(int(_get(config, f"{_ACTOR}.megatron.pipeline_model_parallel_size", 1) or 1))
     if bool(_get(config, f"{_ACTOR}.calculate_entropy", False)):
         logger.warning(
             "%s.calculate_entropy=True is not needed by the token mask (it reads the old-log-prob pass's entropy); "

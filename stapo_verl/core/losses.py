@@ -40,13 +40,14 @@ POLICY_LOSS_MASK_KEY = "policy_loss_mask"
 POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
-def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None) -> dict[str, float]:
+def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None, **mask_kwargs) -> dict[str, float]:
     """Run the configured policy token mask on one optimizer mini-batch (``data``, this rank's share, as
     ``TrainingWorker.train_batch`` receives it), before the engine splits it into micro-batches.
 
     Writes ``data["policy_loss_mask"]`` (layout and dtype of ``response_mask``) and the non-tensor
     ``policy_batch_num_tokens`` (its Σ over the mini-batch and ``dp_group``, the data-parallel group holding the
-    mini-batch), which ``ppo_loss`` uses for the policy-gradient term. Returns the mask's metrics.
+    mini-batch), which ``ppo_loss`` uses for the policy-gradient term. Returns the mask's metrics. ``mask_kwargs``
+    are passed on to the mask function.
 
     Raises:
         ValueError: the mask is not registered. KeyError: the mini-batch lacks a field the mask reads.
@@ -57,7 +58,7 @@ def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None
         raise KeyError(f"policy_loss.token_mask={config.policy_loss.token_mask!r}: the mini-batch is missing {missing}")
     batch = {key: tu.get(data, key) for key in token_mask.required_fields}
     batch = {k: v.to_padded_tensor(0) if isinstance(v, torch.Tensor) and v.is_nested else v for k, v in batch.items()}
-    keep, metrics = token_mask.fn(batch, config, dp_group)
+    keep, metrics = token_mask.fn(batch, config, dp_group, **mask_kwargs)
     response_mask = data["response_mask"]
     keep = keep.bool() & (response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask).bool()
     num_tokens = keep.sum()

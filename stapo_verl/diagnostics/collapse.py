@@ -28,6 +28,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from stapo_verl.core.config_ranges import check_collapse_warmup, check_range
+
 #: (signal metric, z metric, warns) in the order they are checked; the total grad norm warns only without the
 #: LM-head norm (see :meth:`CollapseMonitor.observe`)
 SIGNALS = (
@@ -42,8 +44,12 @@ class RunningZScore:
     """z of each new value against the previous ``window`` values.
 
     Attributes:
-        window: how many previous values the mean and the standard deviation use (≥ 2).
-        warmup: previous values needed before a z is returned (2 ≤ warmup ≤ window).
+        window: how many previous values the mean and the standard deviation use (``policy_loss.collapse_window``).
+        warmup: previous values needed before a z is returned (``policy_loss.collapse_warmup_steps``).
+
+    Raises:
+        stapo_verl.core.config_ranges.StapoConfigError (a ValueError): ``window`` or ``warmup`` outside the config's
+            ranges of those keys (window ≥ 2, 2 ≤ warmup ≤ window).
     """
 
     window: int
@@ -51,9 +57,8 @@ class RunningZScore:
     history: deque = field(default_factory=deque)
 
     def __post_init__(self):
-        if not (2 <= self.warmup <= self.window):
-            raise ValueError(f"RunningZScore needs 2 <= warmup <= window, got warmup={self.warmup}, "
-                             f"window={self.window}")
+        check_range("collapse_window", self.window)
+        check_collapse_warmup(self.warmup, self.window)
         self.history = deque(self.history, maxlen=self.window)
 
     def update(self, x: float) -> tuple[float | None, float, float, int]:

@@ -16,6 +16,16 @@ import statistics
 from dataclasses import dataclass
 
 
+def _check_confidence(confidence: float) -> None:
+    """The confidence level c of every interval here: 0 < c < 1 (one check for all of them).
+
+    Raises:
+        ValueError: naming the value and the allowed range.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence!r} must lie in (0, 1)")
+
+
 def t_quantile(confidence: float, df: int) -> float:
     """The two-sided critical value t with P(|T| ≤ t) = ``confidence`` (t_{ν, (1+c)/2}), ν = ``df``.
 
@@ -31,8 +41,7 @@ def t_quantile(confidence: float, df: int) -> float:
 
     Source: ``scipy.stats.t.ppf((1 + c) / 2, ν)``.
     """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence={confidence!r} must lie in (0, 1)")
+    _check_confidence(confidence)
     if isinstance(df, bool) or not isinstance(df, int) or df < 1:
         raise ValueError(f"df={df!r}: degrees of freedom must be an integer >= 1")
     from scipy.stats import t
@@ -97,8 +106,7 @@ def paired_difference(a, b, confidence: float = 0.95) -> PairedDifference:
     """
     if len(a) != len(b):
         raise ValueError(f"paired_difference needs equally long sequences, got {len(a)} and {len(b)}")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence={confidence!r} must lie in (0, 1)")
+    _check_confidence(confidence)
     d = [float(y) - float(x) for x, y in zip(a, b) if math.isfinite(float(x)) and math.isfinite(float(y))]
     n = len(d)
     if n == 0:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from stapo_verl.algo.s2t import candidate_mask
+from stapo_verl.core.config_ranges import check_range
 from stapo_verl.diagnostics.stats import logit_grad_norm_sq_bounds
 
 #: the four quadrants in the order they are reported: (probability, entropy)
@@ -120,21 +121,23 @@ def quadrant_masks(log_prob: torch.Tensor, entropy: torch.Tensor, advantages: to
         advantages: (bs, T) float, Â.
         response_mask: (bs, T) bool or int.
         tau_p: τ_p in (0, 1) (p < τ_p is low).
-        q: the entropy quantile in [0, 1]; τ_h = Quantile_q(H over P).
+        q: the entropy quantile (``policy_loss.entropy_quantile``, 0 < q <= 1); τ_h = Quantile_q(H over P).
 
     Returns:
         ``(masks, tau_h)``: ``masks`` maps each key of :data:`QUADRANTS` to a (bs, T) bool tensor; τ_h is None
         when P is empty, and then every positive-advantage token counts as high-entropy.
 
     Raises:
-        ValueError: the shapes differ (:func:`stapo_verl.algo.s2t.candidate_mask`) or q is outside [0, 1].
+        ValueError: the shapes differ (:func:`stapo_verl.algo.s2t.candidate_mask`).
+        stapo_verl.core.config_ranges.StapoConfigError (a ValueError): ``tau_p`` or ``q`` is outside the config's
+            range of ``tau_p`` / ``entropy_quantile``.
     """
+    check_range("tau_p", tau_p)
+    check_range("entropy_quantile", q)
     cand, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
     ent = entropy.detach().float()
     valid = response_mask.bool() & ~nonfinite
     positive = valid & (torch.nan_to_num(advantages.detach().float(), nan=0.0) > 0)
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"entropy quantile q={q!r} must lie in [0, 1]")
     tau_h = float(torch.quantile(ent[cand], q)) if bool(cand.any()) else None  # as the mask: linear, fp32
     low_p = cand  # = positive & (log p < ln τ_p)
     low_h = ent < tau_h if tau_h is not None else torch.zeros_like(positive)

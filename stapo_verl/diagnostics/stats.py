@@ -21,11 +21,16 @@ histograms (not scalars)               H and log10 p of the low-probability toke
 =====================================  ==========================================================================
 
 Cost: three O(tokens) passes (the indices of the valid tokens with p < τ_p, the count of positive-advantage tokens,
-the gradient-norm bounds with their four sums); everything else is O(low-probability tokens): the finiteness and
-sign tests, the silenced tokens' thirds, two fixed-bin ``histc`` per sign, the candidate entropies' quantiles. The
-DP group exchanges one small object per rank (the candidates' entropies, a few hundred floats at the paper's
-candidate rate, the histogram counts and the four bound sums). ``benchmarks/bench_diagnostics.py`` measures it at
-the production shape.
+the gradient-norm bounds with their sums); everything else is O(low-probability tokens): the finiteness and sign
+tests, the candidates' thirds, two fixed-bin ``histc`` per sign, the candidate entropies' quantiles.
+
+In training they ride on the mask's own exchange (:class:`MaskStatisticsObserver`, the ``observer`` of
+:func:`stapo_verl.algo.s2t.s2t_keep_mask`): the candidates are the mask's, their entropies the ones it gathered, and
+each rank's share (its histograms, counts and bound sums, and each candidate's third and bounds, a few bytes per
+candidate) travels in the mask's one ``all_gather_object``, so a mini-batch has one collective for mask and
+statistics; which candidates are silenced is the mask's selection. :func:`mask_statistics` computes the same
+statistics for any keep mask with an exchange of its own. ``benchmarks/bench_diagnostics.py`` measures both at the
+production shape.
 
 Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is ``torch.quantile`` (linear), as τ_h in
 :func:`stapo_verl.algo.s2t.s2t_keep_mask`; Theorem 3.1 of the paper (after Yang et al. 2025, arXiv 2505.12929) for the
@@ -40,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from stapo_verl.core.config_ranges import check_range
 
 #: quantiles of the candidates' entropy logged as ``candidate_entropy_p<100·q>``
 QUANTILES = (0.5, 0.75, 0.95)
@@ -49,8 +55,11 @@ POSITION_BUCKETS = ("begin", "middle", "end")
 #: above the range are counted in the last bin, the exact maximum is kept)
 ENTROPY_RANGE = (0.0, 12.0)
 ENTROPY_BINS = 48
-#: lower end of the log10 p histogram (the upper end is log10 τ_p); lower values are counted in the first bin
+#: lower end of the log10 p histogram (the upper end is log10 τ_p), lowered to
+#: log10 τ_p − :data:`LOG10_P_MIN_DECADES` for τ_p < 1e-11; lower values are counted in the first bin
 LOG10_P_LOW = -12.0
+#: the fewest decades the log10 p histogram spans
+LOG10_P_MIN_DECADES = 1.0
 LOG10_P_BINS = 40
 #: histogram names, in the order they are logged
 HISTOGRAMS = ("entropy_adv_pos", "entropy_adv_neg", "log10_p_adv_pos", "log10_p_adv_neg")
@@ -69,26 +78,33 @@ def entropy_edges() -> tuple[float, ...]:
 
 
 def log10_p_edges(tau_p: float) -> tuple[float, ...]:
-    """The ``LOG10_P_BINS + 1`` log10 p bin edges from :data:`LOG10_P_LOW` to log10 τ_p.
+    """The ``LOG10_P_BINS + 1`` log10 p bin edges from min(:data:`LOG10_P_LOW`, log10 τ_p −
+    :data:`LOG10_P_MIN_DECADES`) to log10 τ_p: every τ_p the config accepts has a histogram (the paper's 0.002:
+    −12 to −2.70; τ_p = 1e-13: −14 to −13).
 
     Raises:
-        ValueError: τ_p is not in (10**LOG10_P_LOW, 1).
+        stapo_verl.core.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range of
+            ``policy_loss.tau_p`` (0 < τ_p < 1).
     """
-    hi = math.log10(tau_p) if 0.0 < tau_p < 1.0 else float("nan")
-    if not (LOG10_P_LOW < hi < 0.0):
-        raise ValueError(f"tau_p={tau_p!r}: the log10 p histogram needs 1e{LOG10_P_LOW:g} < tau_p < 1")
-    return tuple(LOG10_P_LOW + (hi - LOG10_P_LOW) * i / LOG10_P_BINS for i in range(LOG10_P_BINS + 1))
+    hi = math.log10(check_range("tau_p", tau_p))
+    lo = min(LOG10_P_LOW, hi - LOG10_P_MIN_DECADES)
+    return tuple(lo + (hi - lo) * i / LOG10_P_BINS for i in range(LOG10_P_BINS + 1))
+
+
+def is_vocab_size(value) -> bool:
+    """True for a usable vocabulary size |V|: an integer ≥ 2 (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 2
 
 
 def logit_vocab_constant(vocab_size: int) -> float:
     """C_V = (|V| − 1) / (|V| (ln |V|)²), the constant of Theorem 3.1's upper bound.
 
     Raises:
-        ValueError: ``vocab_size`` is not an integer ≥ 2.
+        ValueError: ``vocab_size`` is not an integer ≥ 2 (:func:`is_vocab_size`).
 
     Source: STAPO (arXiv 2602.15620) Theorem 3.1, after Yang et al. 2025 (arXiv 2505.12929).
     """
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 2:
+    if not is_vocab_size(vocab_size):
         raise ValueError(f"vocab_size={vocab_size!r}: the vocabulary size |V| must be an integer >= 2")
     return (vocab_size - 1) / (vocab_size * math.log(vocab_size) ** 2)
 
@@ -289,6 +305,43 @@ def _share(part: float, whole: float) -> float:
     return min(max(part / whole, 0.0), 1.0) if whole > 0 else 0.0
 
 
+def _low_probability(log_prob, entropy, advantages, response_mask, tau_p: float) -> dict:
+    """What does not depend on the keep mask, for :func:`local_partials` and :meth:`MaskStatisticsObserver.share`:
+    the valid tokens with p < τ_p (``low``: their indices; ``lp``/``ent``: their log p and H in fp32; ``pos``/``neg``:
+    finite with Â > 0 / Â < 0), the (1,) count of valid tokens with Â > 0, and the log10 p bin edges."""
+    p_edges = log10_p_edges(tau_p)
+    lp = log_prob.detach()
+    valid = response_mask.bool()
+    # O(tokens): one pass for the low-probability tokens (NaN compares false), one for the positive-advantage count
+    low = (valid & (lp < math.log(tau_p))).nonzero(as_tuple=True)
+    adv_all = advantages.detach()
+    n_positive = (valid & (adv_all > 0)).sum().reshape(1)
+    # O(low-probability tokens) from here on
+    lp_low = lp[low].float()
+    ent_low = entropy.detach()[low].float()
+    adv_low = torch.nan_to_num(adv_all[low].float(), nan=0.0)
+    finite = torch.isfinite(lp_low) & torch.isfinite(ent_low)
+    return {"low": low, "lp": lp_low, "ent": ent_low, "pos": finite & (adv_low > 0), "neg": finite & (adv_low < 0),
+            "n_positive": n_positive, "p_edges": p_edges}
+
+
+def _histograms(ent_pos, lp_pos, ent_neg, lp_neg, p_edges) -> dict:
+    """The :data:`HISTOGRAMS` of one rank from the fp32 H and log p of its candidates (``pos``) and of its
+    low-probability tokens with Â < 0 (``neg``)."""
+    inv_ln10 = 1.0 / math.log(10.0)
+    return {
+        "entropy_adv_pos": Histogram.of(ent_pos, entropy_edges()),
+        "entropy_adv_neg": Histogram.of(ent_neg, entropy_edges()),
+        "log10_p_adv_pos": Histogram.of(lp_pos * inv_ln10, p_edges),
+        "log10_p_adv_neg": Histogram.of(lp_neg * inv_ln10, p_edges),
+    }
+
+
+def _thirds(rows: torch.Tensor, cols: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The third (0, 1, 2) of the response each token (``rows``, ``cols``) lies in: ⌊3t/L⌋, L = its valid tokens."""
+    return (3 * cols // valid.sum(-1)[rows].clamp_min(1)).clamp_max(2)
+
+
 def local_partials(
     log_prob: torch.Tensor,
     entropy: torch.Tensor,
@@ -307,7 +360,7 @@ def local_partials(
         log_prob, entropy, advantages: (bs, T) float, the statistics the mask read (response layout, padded;
             responses start at position 0, as in verl's response layout).
         response_mask: (bs, T) bool or int. keep: (bs, T) bool, the mask's keep decision.
-        tau_p: τ_p in (0, 1).
+        tau_p: τ_p, ``policy_loss.tau_p``.
         vocab_size: |V| of the model's logits, for the upper gradient-norm bound; None: lower bound only.
         loss_agg_mode, rollout_is_weights: the PG weights (:func:`policy_gradient_weight`).
 
@@ -318,61 +371,68 @@ def local_partials(
         H; "silenced" those of them outside ``keep``.
 
     Raises:
-        ValueError: the tensors do not share one shape, τ_p is out of range, ``vocab_size`` < 2 or an unknown
-            ``loss_agg_mode``.
+        ValueError: the tensors do not share one shape, ``vocab_size`` < 2 or an unknown ``loss_agg_mode``.
+        stapo_verl.core.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range.
     """
     shapes = {tuple(t.shape) for t in (log_prob, entropy, advantages, response_mask, keep)}
     if len(shapes) != 1:
         raise ValueError(f"mask statistics need one (batch, response_len) shape, got {sorted(shapes)}")
-    p_edges = log10_p_edges(tau_p)
-    lp = log_prob.detach()
+    lo = _low_probability(log_prob, entropy, advantages, response_mask, tau_p)
+    low, pos, neg = lo["low"], lo["pos"], lo["neg"]
     valid = response_mask.bool()
-    # O(tokens): one pass for the low-probability tokens (NaN compares false), one for the positive-advantage count
-    low = (valid & (lp < math.log(tau_p))).nonzero(as_tuple=True)
-    adv_all = advantages.detach()
-    n_positive = (valid & (adv_all > 0)).sum()
-    # O(low-probability tokens) from here on
-    lp_low = lp[low].float()
-    ent_low = entropy.detach()[low].float()
-    adv_low = torch.nan_to_num(adv_all[low].float(), nan=0.0)
-    finite = torch.isfinite(lp_low) & torch.isfinite(ent_low)
-    pos, neg = finite & (adv_low > 0), finite & (adv_low < 0)
     silenced = pos & ~keep.bool()[low].to(pos.device)
-    rows, cols = low[0][silenced], low[1][silenced]
-    third = (3 * cols // valid.sum(-1)[rows].clamp_min(1)).clamp_max(2)
-    by_third = torch.bincount(third, minlength=3)
-    counts = torch.cat([n_positive.reshape(1), by_third]).to(torch.int64).cpu()
-    inv_ln10 = 1.0 / math.log(10.0)
+    by_third = torch.bincount(_thirds(low[0][silenced], low[1][silenced], valid), minlength=3)
+    counts = torch.cat([lo["n_positive"], by_third]).to(torch.int64).cpu()
     return {
-        "candidate_entropy": ent_low[pos].cpu(),
+        "candidate_entropy": lo["ent"][pos].cpu(),
         "counts": counts,
-        "grad_norm_sq_sums": _grad_norm_sq_sums(lp, entropy.detach(), advantages, valid, keep, vocab_size,
-                                                loss_agg_mode, rollout_is_weights),
-        "histograms": {
-            "entropy_adv_pos": Histogram.of(ent_low[pos], entropy_edges()),
-            "entropy_adv_neg": Histogram.of(ent_low[neg], entropy_edges()),
-            "log10_p_adv_pos": Histogram.of(lp_low[pos] * inv_ln10, p_edges),
-            "log10_p_adv_neg": Histogram.of(lp_low[neg] * inv_ln10, p_edges),
-        },
+        "grad_norm_sq_sums": _grad_norm_sq_sums(log_prob.detach(), entropy.detach(), advantages, valid, keep,
+                                                vocab_size, loss_agg_mode, rollout_is_weights),
+        "histograms": _histograms(lo["ent"][pos], lo["lp"][pos], lo["ent"][neg], lo["lp"][neg], lo["p_edges"]),
     }
+
+
+def _bounds(log_prob, entropy, advantages, valid, vocab_size, loss_agg_mode, rollout_is_weights):
+    """Theorem 3.1's (lower, upper or None) bound of every token, 0 outside the valid tokens with finite p and H
+    (``counted``, as the mask's finite tokens), and ``counted``. One O(tokens) pass."""
+    weight = policy_gradient_weight(advantages, valid, loss_agg_mode, rollout_is_weights)
+    lower, upper = logit_grad_norm_sq_bounds(log_prob, entropy, weight, vocab_size)
+    counted = valid & torch.isfinite(log_prob) & torch.isfinite(entropy)
+    return [None if b is None else torch.where(counted, b, 0.0) for b in (lower, upper)], counted
 
 
 def _grad_norm_sq_sums(log_prob, entropy, advantages, valid, keep, vocab_size, loss_agg_mode,
                        rollout_is_weights) -> torch.Tensor:
     """(4,) float64 on the CPU: Σ lower bound over the silenced / all valid finite tokens, then the same for the upper
-    bound (NaN without ``vocab_size``). One O(tokens) pass; the sums accumulate in float64."""
-    weight = policy_gradient_weight(advantages, valid, loss_agg_mode, rollout_is_weights)
-    lower, upper = logit_grad_norm_sq_bounds(log_prob, entropy, weight, vocab_size)
-    counted = valid & torch.isfinite(log_prob) & torch.isfinite(entropy)  # as the mask's finite tokens
+    bound (NaN without ``vocab_size``); the sums accumulate in float64."""
+    bounds, counted = _bounds(log_prob, entropy, advantages, valid, vocab_size, loss_agg_mode, rollout_is_weights)
     silenced = (counted & ~keep.bool().to(counted.device)).nonzero(as_tuple=True)  # few: index, don't mask
     sums = []
-    for bound in (lower, upper):
+    for bound in bounds:
         if bound is None:
-            sums += [torch.full((), math.nan, dtype=torch.float64, device=lower.device)] * 2
+            sums += [torch.full((), math.nan, dtype=torch.float64, device=counted.device)] * 2
             continue
-        bound = torch.where(counted, bound, 0.0)
         sums += [bound[silenced].sum(dtype=torch.float64), bound.sum(dtype=torch.float64)]
     return torch.stack(sums).cpu()
+
+
+def _statistics(entropies, counts, grad_sums, histograms) -> MaskStatistics:
+    """:class:`MaskStatistics` from the group's candidate entropies ((|P|,) float32, rank order) and every rank's
+    counts ((4,) int64), bound sums ((4,) float64) and histograms, each a list in rank order."""
+    counts = torch.stack(counts).sum(0).tolist()
+    grad_sums = tuple(torch.stack(grad_sums).sum(0).tolist())  # global sums
+    hists = {}
+    for name in HISTOGRAMS:
+        merged = histograms[0][name]
+        for h in histograms[1:]:
+            merged = merged.merge(h[name])
+        hists[name] = merged
+    quantiles = None
+    if entropies.numel() > 0:
+        quantiles = tuple(float(torch.quantile(entropies, q)) for q in QUANTILES)
+    return MaskStatistics(n_positive=int(counts[0]), n_candidates=int(entropies.numel()),
+                          entropy_quantiles=quantiles, silenced_by_position=tuple(int(c) for c in counts[1:4]),
+                          histograms=hists, grad_norm_sq_sums=grad_sums)
 
 
 def combine(parts: list[dict]) -> MaskStatistics:
@@ -383,21 +443,8 @@ def combine(parts: list[dict]) -> MaskStatistics:
     """
     if not parts:
         raise ValueError("combine needs the partials of at least one rank")
-    entropies = torch.cat([p["candidate_entropy"].float() for p in parts])
-    counts = torch.stack([p["counts"] for p in parts]).sum(0).tolist()
-    grad_sums = tuple(torch.stack([p["grad_norm_sq_sums"] for p in parts]).sum(0).tolist())  # global sums
-    hists = {}
-    for name in HISTOGRAMS:
-        merged = parts[0]["histograms"][name]
-        for p in parts[1:]:
-            merged = merged.merge(p["histograms"][name])
-        hists[name] = merged
-    quantiles = None
-    if entropies.numel() > 0:
-        quantiles = tuple(float(torch.quantile(entropies, q)) for q in QUANTILES)
-    return MaskStatistics(n_positive=int(counts[0]), n_candidates=int(entropies.numel()),
-                          entropy_quantiles=quantiles, silenced_by_position=tuple(int(c) for c in counts[1:4]),
-                          histograms=hists, grad_norm_sq_sums=grad_sums)
+    return _statistics(torch.cat([p["candidate_entropy"].float() for p in parts]), [p["counts"] for p in parts],
+                       [p["grad_norm_sq_sums"] for p in parts], [p["histograms"] for p in parts])
 
 
 def mask_statistics(
@@ -413,7 +460,10 @@ def mask_statistics(
     loss_agg_mode: str = "token-mean",
     rollout_is_weights: torch.Tensor | None = None,
 ) -> MaskStatistics:
-    """The statistics of one optimizer mini-batch, global over ``group``, identical on every rank of it.
+    """The statistics of one optimizer mini-batch for any keep mask, global over ``group``, identical on every rank.
+
+    With its own ``all_gather_object``; in training the statistics of an S2T-family mask ride on the mask's exchange
+    instead (:class:`MaskStatisticsObserver`, same result for the mask's keep).
 
     Args:
         log_prob, entropy, advantages, response_mask, keep, tau_p, vocab_size, loss_agg_mode, rollout_is_weights:
@@ -437,3 +487,93 @@ def mask_statistics(
     parts = [None] * dist.get_world_size(group)
     dist.all_gather_object(parts, mine, group=group)
     return combine(parts)
+
+
+@dataclass
+class MaskStatisticsObserver:
+    """The mask statistics of one optimizer mini-batch, computed on the mask's own exchange: the ``observer`` of
+    :func:`stapo_verl.algo.s2t.s2t_keep_mask` (and of the S2T ablations, :mod:`stapo_verl.algo.selections`).
+
+    The mask calls :meth:`share` with its candidates before its ``all_gather_object`` and sends the result along,
+    then :meth:`gathered` with the group's candidate rows, its selection and every rank's share; :attr:`statistics`
+    is then what :func:`mask_statistics` returns for the mask's keep (the same numbers, bit for bit on the CPU) —
+    without a collective of its own and without selecting the candidates again. Every rank of the group must pass
+    an observer. One instance per mini-batch, owned by the caller.
+
+    Attributes:
+        log_prob, entropy, advantages: (bs, T) float, the fields the mask reads (padded, verl's response layout).
+        response_mask: (bs, T) bool or int.
+        tau_p: τ_p, ``policy_loss.tau_p``. vocab_size, loss_agg_mode, rollout_is_weights: as in
+            :func:`local_partials`.
+        statistics: :class:`MaskStatistics` once the mask ran, else None.
+    """
+
+    log_prob: torch.Tensor
+    entropy: torch.Tensor
+    advantages: torch.Tensor
+    response_mask: torch.Tensor
+    tau_p: float
+    vocab_size: int | None = None
+    loss_agg_mode: str = "token-mean"
+    rollout_is_weights: torch.Tensor | None = None
+    statistics: MaskStatistics | None = None
+
+    def share(self, candidates: torch.Tensor) -> dict:
+        """This rank's share, on the CPU, from the mask's candidates ((bs, T) bool, the valid finite tokens with
+        Â > 0 and p < τ_p): ``{"counts": (1,) int64 [n_positive], "thirds": (|P_rank|,) int8, "bounds": [(|P_rank|,)
+        lower, upper or None] (the candidates' Theorem 3.1 bounds), "all_sums": (2,) float64 [Σ lower, Σ upper (NaN
+        without |V|)] over the valid finite tokens, "histograms": {name: Histogram}}``.
+
+        Raises:
+            ValueError: the tensors do not share one shape, ``vocab_size`` < 2 or an unknown ``loss_agg_mode``.
+            stapo_verl.core.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range.
+        """
+        shapes = {tuple(t.shape) for t in (self.log_prob, self.entropy, self.advantages, self.response_mask,
+                                           candidates)}
+        if len(shapes) != 1:
+            raise ValueError(f"mask statistics need one (batch, response_len) shape, got {sorted(shapes)}")
+        lp, ent = self.log_prob.detach(), self.entropy.detach()
+        lo = _low_probability(lp, ent, self.advantages, self.response_mask, self.tau_p)
+        valid = self.response_mask.bool()
+        cand = candidates.to(valid.device).nonzero(as_tuple=True)  # one pass; O(candidates) from here on
+        bounds, _ = _bounds(lp, ent, self.advantages, valid, self.vocab_size, self.loss_agg_mode,
+                            self.rollout_is_weights)
+        all_sums = [torch.full((), math.nan, dtype=torch.float64, device=valid.device) if b is None
+                    else b.sum(dtype=torch.float64) for b in bounds]
+        neg = lo["neg"]
+        return {
+            "counts": lo["n_positive"].to(torch.int64).cpu(),
+            "thirds": _thirds(*cand, valid).to(torch.int8).cpu(),
+            "bounds": [None if b is None else b[cand].cpu() for b in bounds],
+            "all_sums": torch.stack(all_sums).cpu(),
+            "histograms": _histograms(ent[cand].float(), lp[cand].float(), lo["ent"][neg], lo["lp"][neg],
+                                      lo["p_edges"]),
+        }
+
+    def gathered(self, rows: torch.Tensor, silenced: torch.Tensor, shares: list) -> None:
+        """Combine the exchange into :attr:`statistics`.
+
+        Args:
+            rows: (|P|, 2) float64, (H, log p) of the group's candidates in rank order (the mask's gather).
+            silenced: (|P|,) bool, which of them the mask silences.
+            shares: every rank's :meth:`share`, in rank order.
+
+        Raises:
+            ValueError: a rank sent no share, or the shares do not add up to the candidate rows.
+        """
+        if any(share is None for share in shares):
+            raise ValueError("mask statistics on the mask's exchange: every rank of the group must pass an observer")
+        sizes = [share["thirds"].numel() for share in shares]
+        if sum(sizes) != rows.shape[0] or silenced.numel() != rows.shape[0]:
+            raise ValueError(f"mask statistics: the ranks' shares hold {sizes} candidates, the mask gathered "
+                             f"{rows.shape[0]} and silenced a selection of {silenced.numel()}")
+        counts, grad_sums = [], []
+        for share, sil in zip(shares, silenced.cpu().split(sizes), strict=True):
+            counts.append(torch.cat([share["counts"], torch.bincount(share["thirds"][sil].long(), minlength=3)]))
+            sums = []
+            for bound, whole in zip(share["bounds"], share["all_sums"], strict=True):
+                part = torch.full((), math.nan, dtype=torch.float64) if bound is None else bound[sil].sum(
+                    dtype=torch.float64)
+                sums += [part, whole]
+            grad_sums.append(torch.stack(sums))
+        self.statistics = _statistics(rows[:, 0].float(), counts, grad_sums, [s["histograms"] for s in shares])

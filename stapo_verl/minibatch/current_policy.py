@@ -13,11 +13,12 @@ import time
 
 import torch
 
+from stapo_verl.core.config_ranges import check_current_minibatch_pipeline
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY
 
 
 class CurrentPolicyError(RuntimeError):
-    """The engine cannot provide the current policy's statistics (e.g. Megatron pipeline parallelism)."""
+    """The engine returned no current-policy statistics on this rank."""
 
 
 def current_policy_statistics(engine, data, infer_keys: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -39,8 +40,10 @@ def current_policy_statistics(engine, data, infer_keys: dict) -> tuple[torch.Ten
         ``ppo_loss`` uses), on the device of ``data["old_log_probs"]``; and the forward's wall time.
 
     Raises:
-        CurrentPolicyError: Megatron with pipeline parallelism > 1 (only the last stage holds outputs; raised on
-            every rank before the forward), or the engine returned no log-probs/entropy.
+        stapo_verl.core.config_ranges.StapoConfigError: Megatron with pipeline parallelism > 1 (the config's rule
+            :func:`stapo_verl.core.config_ranges.check_current_minibatch_pipeline`, checked again here on every rank
+            before the forward, for callers that built no config).
+        CurrentPolicyError: the engine returned no log-probs/entropy.
 
     Source: ``verl.workers.engine_workers.TrainingWorker.infer_batch``; ``verl.workers.engine.base.BaseEngine``.
     """
@@ -50,12 +53,7 @@ def current_policy_statistics(engine, data, infer_keys: dict) -> tuple[torch.Ten
     if "megatron" in type(engine).__module__:
         from megatron.core import parallel_state as mpu
 
-        pp = mpu.get_pipeline_model_parallel_world_size()
-        if pp > 1:
-            raise CurrentPolicyError(
-                f"stats_source='current_minibatch' with Megatron pipeline_model_parallel_size={pp} is not supported: "
-                "only the last stage holds the inference outputs. Use stats_source=old_policy."
-            )
+        check_current_minibatch_pipeline(mpu.get_pipeline_model_parallel_world_size())
     td = data.copy()
     if POLICY_LOSS_MASK_KEY in td.keys():
         del td[POLICY_LOSS_MASK_KEY]

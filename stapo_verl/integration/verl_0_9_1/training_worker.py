@@ -6,10 +6,11 @@
   is set, :func:`stapo_verl.core.losses.apply_policy_token_mask` runs on the mini-batch before verl's body (so
   before the engine counts tokens), with the current policy's statistics when ``stats_source=current_minibatch``;
   the silenced tokens are dumped when ``dump_tokens`` is set; the mask's metrics, the mask statistics
-  (:mod:`stapo_verl.diagnostics.stats`) and the LM-head gradient norm (:mod:`.engine_grads`) join the output. When
-  the driver asked for diagnostics (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the last mini-batch of
-  the update also carries the update's histograms and, when a table is due, the token rows of every DP rank
-  (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`).
+  (:mod:`stapo_verl.diagnostics.stats`; computed on the mask's own exchange over DP, one collective per mini-batch
+  for both, and not at all with ``mask_statistics=False``) and the LM-head gradient norm (:mod:`.engine_grads`)
+  join the output. When the driver asked for diagnostics (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the
+  last mini-batch of the update also carries the update's histograms and, when a table is due, the token rows of
+  every DP rank (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`).
 
 What verl would pass through ``train_mini_batch`` upstream (the mini-batch index within the step) is kept on the
 worker instance in a :class:`MiniBatchCursor`: the index counts ``train_batch`` calls since the last mini-batch that
@@ -28,7 +29,7 @@ from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows
-from stapo_verl.diagnostics.stats import MaskStatistics, mask_statistics
+from stapo_verl.diagnostics.stats import MaskStatisticsObserver, is_vocab_size
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
 
 #: worker output metric of the LM-head gradient norm (verl's driver keeps keys that already start with "actor/")
@@ -105,15 +106,36 @@ def _padded(value: torch.Tensor) -> torch.Tensor:
     return value.to_padded_tensor(0) if value.is_nested else value
 
 
-def _current_minibatch_mask(worker, config, data, dp_group) -> dict:
-    """The mask from the current policy's log-prob and entropy; also the old-policy mask, for a diagnostic."""
+def _observed(observer) -> dict:
+    """The keyword arguments of :func:`apply_policy_token_mask` that hand ``observer`` to the mask (none for None)."""
+    return {} if observer is None else {"observer": observer}
+
+
+def _current_minibatch_mask(worker, config, data, dp_group, observe) -> tuple[dict, object, dict | None, object]:
+    """The mask from the current policy's log-prob and entropy; with ``mask_statistics``, also the old-policy mask,
+    for a diagnostic. ``observe(mini-batch)`` → (its :func:`_padded_fields` or None, the statistics observer or
+    None). Returns the metrics, the masked mini-batch (the current fields), its padded fields and the observer."""
     from stapo_verl.minibatch.current_policy import as_response_layout, current_policy_statistics
 
     log_prob, entropy, seconds = current_policy_statistics(worker.engine, data, infer_keys(worker))
     current = data.copy()
     current["old_log_probs"] = as_response_layout(log_prob, data["old_log_probs"])
     current["entropy"] = as_response_layout(entropy, data["entropy"])
-    metrics = apply_policy_token_mask(config, current, dp_group)
+    padded, observer = observe(current)
+    metrics = apply_policy_token_mask(config, current, dp_group, **_observed(observer))
+    if config.policy_loss.mask_statistics:
+        metrics.update(_mask_disagreement(config, data, current, dp_group))
+    metrics["actor/stapo/current_forward_s"] = seconds
+    from verl.utils import tensordict_utils as tu
+
+    data[POLICY_LOSS_MASK_KEY] = current[POLICY_LOSS_MASK_KEY]
+    tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: tu.get(current, POLICY_BATCH_NUM_TOKENS_KEY)})
+    return metrics, current, padded, observer
+
+
+def _mask_disagreement(config, data, current, dp_group) -> dict[str, float]:
+    """How many valid tokens the old-policy mask decides otherwise than the current one (``current``), over the DP
+    group; runs the mask once more (with its own exchange)."""
     old = data.copy()
     apply_policy_token_mask(config, old, dp_group)
     valid = _padded(data["response_mask"]).bool()
@@ -124,16 +146,10 @@ def _current_minibatch_mask(worker, config, data, dp_group) -> dict:
     if dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1:
         dist.all_reduce(counts, group=dp_group)  # the disagreement over the whole mini-batch
     counts = counts.cpu()
-    data[POLICY_LOSS_MASK_KEY] = current[POLICY_LOSS_MASK_KEY]
-    from verl.utils import tensordict_utils as tu
-
-    tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: tu.get(current, POLICY_BATCH_NUM_TOKENS_KEY)})
-    metrics.update({
+    return {
         "actor/stapo/mask_disagreement": float(counts[0]),
         "actor/stapo/mask_disagreement_frac": float(counts[0]) / max(float(counts[1]), 1.0),
-        "actor/stapo/current_forward_s": seconds,
-    })
-    return metrics, current
+    }
 
 
 def _is_dump_writer(engine) -> bool:
@@ -164,10 +180,10 @@ def _tokenizer(worker):
 
 
 def _padded_fields(masked) -> dict:
-    """The fields the mask read, its keep mask (``POLICY_LOSS_MASK_KEY``) and, when the mini-batch has them, the
-    rollout-correction weights of the PG term, padded once for the statistics and the dump: (bs, T) tensors in
-    verl's response layout."""
-    keys = (*S2T_FIELDS, POLICY_LOSS_MASK_KEY)
+    """The fields the mask reads and, when the mini-batch has them, the rollout-correction weights of the PG term,
+    padded once for the statistics and the dump: (bs, T) tensors in verl's response layout (the caller adds the
+    mask's keep, ``POLICY_LOSS_MASK_KEY``, once the mask ran)."""
+    keys = S2T_FIELDS
     if "rollout_is_weights" in masked.keys():
         keys = (*keys, "rollout_is_weights")
     return {key: _padded(masked[key]) for key in keys}
@@ -176,13 +192,14 @@ def _padded_fields(masked) -> dict:
 def vocab_size_of(worker) -> int | None:
     """|V| of the worker's model: the width of its logits, ``vocab_size`` of the (text) config of verl's
     ``HFModelConfig.hf_config`` (the LM head's output size of a Hugging Face causal LM; Qwen3: 151,936, more than
-    its tokenizer's entries, and the softmax runs over all of them). None when the worker has no such config."""
+    its tokenizer's entries, and the softmax runs over all of them). None when the worker has no such config or it
+    is not a usable |V| (:func:`stapo_verl.diagnostics.stats.is_vocab_size`)."""
     hf_config = getattr(getattr(worker, "model_config", None), "hf_config", None)
     if hf_config is None:
         return None
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
     size = getattr(text, "vocab_size", None)
-    return int(size) if isinstance(size, int) and not isinstance(size, bool) and size >= 2 else None
+    return int(size) if is_vocab_size(size) else None
 
 
 def _dump(worker, config, data, padded, metrics, step, index, cursor) -> list[dict]:
@@ -208,13 +225,14 @@ def _dump(worker, config, data, padded, metrics, step, index, cursor) -> list[di
     return rows
 
 
-def _statistics(config, padded, dp_group, vocab_size) -> MaskStatistics:
-    """The mask statistics of the mini-batch (``padded``: :func:`_padded_fields`), global over DP; the PG weights
-    of the silenced-gradient share follow the actor's ``loss_agg_mode`` and rollout-correction weights."""
-    return mask_statistics(padded["old_log_probs"], padded["entropy"], padded["advantages"], padded["response_mask"],
-                           padded[POLICY_LOSS_MASK_KEY], tau_p=config.policy_loss.tau_p, group=dp_group,
-                           vocab_size=vocab_size, loss_agg_mode=config.loss_agg_mode,
-                           rollout_is_weights=padded.get("rollout_is_weights"))
+def statistics_observer(config, padded: dict, vocab_size: int | None) -> MaskStatisticsObserver:
+    """The observer that computes the mask statistics of the mini-batch on the mask's own exchange (``padded``:
+    :func:`_padded_fields` of the fields the mask reads); the PG weights of the silenced-gradient share follow the
+    actor's ``loss_agg_mode`` and rollout-correction weights, |V| is the model's (:func:`vocab_size_of`)."""
+    return MaskStatisticsObserver(padded["old_log_probs"], padded["entropy"], padded["advantages"],
+                                  padded["response_mask"], tau_p=config.policy_loss.tau_p, vocab_size=vocab_size,
+                                  loss_agg_mode=config.loss_agg_mode,
+                                  rollout_is_weights=padded.get("rollout_is_weights"))
 
 
 def _payload(config, cursor, step, table_due, dp_group) -> DiagnosticsPayload:
@@ -251,19 +269,28 @@ def wrap_train_batch(orig):
             tu.assign_non_tensor(data, global_steps=step)
         tu.assign_non_tensor(data, mini_batch_index=index)
         dp_group = self.engine.get_data_parallel_group()
-        if config.policy_loss.stats_source == "current_minibatch":
-            metrics, masked = _current_minibatch_mask(self, config, data, dp_group)
+        pl = config.policy_loss
+        is_output_rank = bool(self.engine.is_mp_src_rank_with_outputs())
+        s2t = pl.token_mask in S2T_TOKEN_MASKS
+        statistics = s2t and is_output_rank and bool(pl.mask_statistics)  # the same on every rank of a DP group
+
+        def observe(masked):
+            """(padded fields, statistics observer) of the fields the mask reads; None where not needed."""
+            padded = _padded_fields(masked) if s2t and (statistics or pl.dump_tokens) else None
+            return padded, statistics_observer(config, padded, vocab_size_of(self)) if statistics else None
+
+        if pl.stats_source == "current_minibatch":
+            metrics, masked, padded, observer = _current_minibatch_mask(self, config, data, dp_group, observe)
         else:
-            metrics, masked = apply_policy_token_mask(config, data, dp_group), data
+            (padded, observer), masked = observe(data), data
+            metrics = apply_policy_token_mask(config, data, dp_group, **_observed(observer))
+        if observer is not None:  # the statistics rode on the mask's exchange
+            metrics.update(observer.statistics.to_metrics())
+            cursor.add_histograms(observer.statistics.histograms)
+        if padded is not None:
+            padded[POLICY_LOSS_MASK_KEY] = _padded(masked[POLICY_LOSS_MASK_KEY])
         # the driver's request (None: no diagnostics asked for, e.g. a trainer without the plugin's driver patch)
         request = tu.get(data, REQUEST_KEY, default=None)
-        is_output_rank = bool(self.engine.is_mp_src_rank_with_outputs())
-        s2t = config.policy_loss.token_mask in S2T_TOKEN_MASKS
-        padded = _padded_fields(masked) if s2t and (is_output_rank or config.policy_loss.dump_tokens) else None
-        if s2t and is_output_rank:
-            stats = _statistics(config, padded, dp_group, vocab_size_of(self))
-            metrics.update(stats.to_metrics())
-            cursor.add_histograms(stats.histograms)
         rows = _dump(self, config, data, padded, metrics, step, index, cursor) if padded is not None else []
         if request:
             cursor.rows.extend(rows)

@@ -138,7 +138,8 @@ def test_top_entropy_keep_mask_official_rule():
     assert keep.tolist() == [[False, True, False, True], [True, False, False, False]]
     keep, m = top_entropy_keep_mask(h, torch.zeros_like(rm), 0.2)
     assert not keep.any() and m == {"actor/top_entropy/kept_frac": 0.0}
-    with pytest.raises(ValueError, match="0 < ratio <= 1"):
+    # the config's one range of top_entropy_ratio, with the config's message
+    with pytest.raises(ValueError, match=r"top_entropy_ratio=0\.0 is out of range: allowed 0 < top_entropy_ratio <= 1"):
         top_entropy_keep_mask(h, rm, 0.0)
 
 

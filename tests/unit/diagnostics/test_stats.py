@@ -112,3 +112,45 @@ def test_non_finite_statistics_are_not_candidates_as_in_the_mask():
     assert st.n_candidates == s2t["actor/stapo/num_candidates"]
     assert sum(st.silenced_by_position) == s2t["actor/stapo/num_masked"]
     assert st.to_metrics()["actor/stapo/candidate_entropy_p75"] == pytest.approx(s2t["actor/stapo/tau_h"])
+
+
+def _same(a: stats.MaskStatistics, b: stats.MaskStatistics) -> bool:
+    """Field by field, bit for bit (NaN equal to NaN: the upper sums without |V|)."""
+    nan_eq = [x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a.grad_norm_sq_sums, b.grad_norm_sq_sums,
+                                                                         strict=True)]
+    return all(nan_eq) and (a.n_positive, a.n_candidates, a.entropy_quantiles, a.silenced_by_position,
+                            a.histograms) == (b.n_positive, b.n_candidates, b.entropy_quantiles,
+                                              b.silenced_by_position, b.histograms)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+@pytest.mark.parametrize("vocab_size", [None, 151_936])
+def test_the_statistics_on_the_masks_exchange_equal_mask_statistics(agg, vocab_size):
+    from stapo_verl.algo.selections import full_selection, random_selection, s2t_ablation_keep_mask
+
+    for seed in range(6):
+        lp, ent, adv, rm = _batch(seed=seed)
+        if seed % 2:  # non-finite values: neither candidates nor counted
+            lp[0, 0], ent[2, 1], lp[5, 3] = float("nan"), float("inf"), float("-inf")
+        weights = torch.rand(*lp.shape, generator=torch.Generator().manual_seed(seed)) + 0.5
+        kw = dict(vocab_size=vocab_size, loss_agg_mode=agg, rollout_is_weights=weights)
+        masks = (lambda o: s2t_keep_mask(lp, ent, adv, rm, tau_p=TAU_P, q=0.75, observer=o),
+                 lambda o: s2t_ablation_keep_mask(lp, ent, adv, rm, tau_p=TAU_P, select=full_selection(), observer=o),
+                 lambda o: s2t_ablation_keep_mask(lp, ent, adv, rm, tau_p=TAU_P, select=random_selection(0.75, seed),
+                                                  observer=o))
+        for mask in masks:
+            observer = stats.MaskStatisticsObserver(lp, ent, adv, rm, tau_p=TAU_P, **kw)
+            keep, metrics = mask(observer)
+            assert torch.equal(keep, mask(None)[0])  # the observer changes nothing of the mask
+            assert _same(observer.statistics, mask_statistics(lp, ent, adv, rm, keep, tau_p=TAU_P, **kw)), seed
+
+
+def test_an_exchange_without_every_ranks_share_is_refused():
+    lp, ent, adv, rm = _batch()
+    observer = stats.MaskStatisticsObserver(lp, ent, adv, rm, tau_p=TAU_P)
+    keep, _ = s2t_keep_mask(lp, ent, adv, rm, tau_p=TAU_P, q=0.75, observer=observer)
+    share = observer.share(keep & ~keep)  # no candidates
+    with pytest.raises(ValueError, match="every rank of the group must pass an observer"):
+        observer.gathered(torch.zeros(0, 2, dtype=torch.float64), torch.zeros(0, dtype=torch.bool), [share, None])
+    with pytest.raises(ValueError, match="shares hold \\[0\\] candidates, the mask gathered 1"):
+        observer.gathered(torch.zeros(1, 2, dtype=torch.float64), torch.zeros(1, dtype=torch.bool), [share])

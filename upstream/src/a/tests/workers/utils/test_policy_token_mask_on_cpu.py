@@ -155,8 +155,8 @@ def test_pre_pass_writes_the_mask_and_its_count_and_leaves_the_engine_masks_alon
 def test_the_mask_sees_exactly_its_declared_fields_padded():
     seen = {}
 
-    def spy(batch, config, dp_group=None):
-        seen.update(batch=batch, dp_group=dp_group)
+    def spy(batch, config, dp_group=None, **kwargs):
+        seen.update(batch=batch, dp_group=dp_group, kwargs=kwargs)
         return batch["response_mask"].bool(), {}
 
     register_policy_token_mask("spy", required_fields=("advantages", "response_mask", "global_steps"))(spy)
@@ -165,7 +165,9 @@ def test_the_mask_sees_exactly_its_declared_fields_padded():
     apply_policy_token_mask(_actor_config(token_mask="spy"), td, dp_group="the dp group")
     assert sorted(seen["batch"]) == ["advantages", "global_steps", "response_mask"]
     assert torch.equal(seen["batch"]["advantages"], padded["advantages"])  # padded (BS, T), zeros after the end
-    assert seen["batch"]["global_steps"] == 12 and seen["dp_group"] == "the dp group"
+    assert seen["batch"]["global_steps"] == 12 and seen["dp_group"] == "the dp group" and seen["kwargs"] == {}
+    apply_policy_token_mask(_actor_config(token_mask="spy"), td, observer="an observer")  # keywords are passed on
+    assert seen["kwargs"] == {"observer": "an observer"}
 
 
 @pytest.mark.parametrize("loss_agg_mode", AGG_MODES)

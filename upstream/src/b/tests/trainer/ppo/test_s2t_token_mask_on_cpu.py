@@ -160,14 +160,15 @@ def test_s2t_keys_default_to_the_paper_and_are_validated_only_when_s2t_is_select
     assert (config.tau_p, config.entropy_quantile) == (0.002, 0.75)
     assert PolicyLossConfig(tau_p=0.0, entropy_quantile=2.0).tau_p == 0.0  # no mask: not checked
     assert PolicyLossConfig(token_mask="s2t", tau_p=0.5, entropy_quantile=1.0).entropy_quantile == 1.0
-    for bad in (
-        dict(tau_p=0.0),
-        dict(tau_p=1.0),
-        dict(tau_p=-0.1),
-        dict(entropy_quantile=0.0),
-        dict(entropy_quantile=1.5),
+    for bad, allowed in (
+        (dict(tau_p=0.0), "0 < tau_p < 1"),
+        (dict(tau_p=1.0), "0 < tau_p < 1"),
+        (dict(tau_p=-0.1), "0 < tau_p < 1"),
+        (dict(entropy_quantile=0.0), "0 < entropy_quantile <= 1"),
+        (dict(entropy_quantile=1.5), "0 < entropy_quantile <= 1"),
     ):
-        with pytest.raises(ValueError, match=r"token_mask=s2t needs 0 < tau_p < 1 and 0 < entropy_quantile <= 1"):
+        ((key, value),) = bad.items()
+        with pytest.raises(ValueError, match=rf"token_mask=s2t needs {allowed}, got {key}={value}"):
             PolicyLossConfig(token_mask="s2t", **bad)
 
 

@@ -1,0 +1,89 @@
+"""The allowed values of the policy-loss config keys and the config's cross-key rules: one definition each.
+
+:class:`stapo_verl.core.config.StapoPolicyLossConfig` applies them when the config is built: a token-mask key
+(``tau_p``, ``entropy_quantile``, ``top_entropy_ratio``) only when the selected mask declares that it reads it
+(``register_policy_token_mask(..., config_keys=...)``, :mod:`stapo_verl.core.masks`), the diagnostics keys always.
+A public library function that takes one of these values (τ_p for the log10 p histogram, q for the quadrants, ρ of
+the 20-Entropy mask, the collapse window) calls the same check here instead of keeping bounds of its own, so it
+accepts exactly what the config accepts, with the same message. No torch, no verl: every module can import it.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: the config node of the policy-loss keys
+KEY = "actor_rollout_ref.actor.policy_loss"
+#: the actor's config node
+ACTOR = "actor_rollout_ref.actor"
+
+
+class StapoConfigError(ValueError):
+    """An invalid value; the message names the full config key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Range:
+    """The allowed values of one key: ``test(value) -> bool``, and ``allowed``, what the error message says."""
+
+    test: Callable[[Any], bool]
+    allowed: str
+
+
+#: ``actor_rollout_ref.actor.policy_loss.<key>`` → its allowed values (the type is the config field's)
+RANGES = types.MappingProxyType({
+    "tau_p": Range(lambda v: 0.0 < v < 1.0, "0 < tau_p < 1"),
+    "entropy_quantile": Range(lambda v: 0.0 < v <= 1.0, "0 < entropy_quantile <= 1"),
+    "top_entropy_ratio": Range(lambda v: 0.0 < v <= 1.0, "0 < top_entropy_ratio <= 1"),
+    "dump_max_rows_per_step": Range(lambda v: v >= 1, ">= 1"),
+    "dump_every": Range(lambda v: v is None or v >= 0,
+                        "null (at each validation), 0 (never) or n >= 1 (every n steps)"),
+    "table_max_rows": Range(lambda v: v >= 2, ">= 2"),
+    "collapse_z_threshold": Range(lambda v: v is None or (math.isfinite(v) and v > 0),
+                                  "> 0, or null for z-scores without warnings"),
+    "collapse_window": Range(lambda v: v >= 2, ">= 2"),
+})
+
+
+def check_range(key: str, value):
+    """``value`` if it is allowed for ``actor_rollout_ref.actor.policy_loss.<key>`` (:data:`RANGES`).
+
+    Raises:
+        StapoConfigError: naming the key, the value and what is allowed.
+        KeyError: ``key`` has no range here.
+    """
+    rule = RANGES[key]
+    if not rule.test(value):
+        raise StapoConfigError(f"{KEY}.{key}={value!r} is out of range: allowed {rule.allowed}")
+    return value
+
+
+def check_collapse_warmup(warmup: int, window: int) -> int:
+    """``warmup`` if 2 ≤ ``collapse_warmup_steps`` ≤ ``collapse_window`` (the z-score needs two previous values).
+
+    Raises:
+        StapoConfigError: naming ``collapse_warmup_steps``, its value and the window.
+    """
+    if not 2 <= warmup <= window:
+        raise StapoConfigError(f"{KEY}.collapse_warmup_steps={warmup!r} is out of range: allowed "
+                               f"2 <= collapse_warmup_steps <= collapse_window ({window!r})")
+    return warmup
+
+
+def check_current_minibatch_pipeline(pipeline_parallel_size: int) -> None:
+    """``stats_source=current_minibatch`` needs Megatron pipeline parallelism 1: only the last pipeline stage holds
+    the extra forward's outputs, and every rank needs them.
+
+    Raises:
+        StapoConfigError: ``pipeline_parallel_size`` > 1, naming both keys and the two ways out.
+    """
+    if pipeline_parallel_size > 1:
+        raise StapoConfigError(
+            f"{KEY}.stats_source=current_minibatch is not supported with {ACTOR}.megatron."
+            f"pipeline_model_parallel_size={pipeline_parallel_size} (only the last pipeline stage holds the extra "
+            "forward's outputs): use stats_source=old_policy or pipeline_model_parallel_size=1"
+        )
