@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from stapo_verl.algo.s2t import candidate_mask, gather_candidates, s2t_metrics
-from stapo_verl.core.config_ranges import check_range
+from stapo_verl.algo.config_ranges import check_range
 
 #: bits kept of a derived seed (``torch.Generator.manual_seed`` takes a signed 64-bit value)
 _SEED_BITS = 0x7FFF_FFFF_FFFF_FFFF
@@ -144,7 +144,7 @@ def top_entropy_keep_mask(
         (the threshold only when something is kept).
 
     Raises:
-        ValueError: shapes differ. stapo_verl.core.config_ranges.StapoConfigError (a ValueError): ``ratio`` is
+        ValueError: shapes differ. stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): ``ratio`` is
             outside the config's range of ``top_entropy_ratio``.
     """
     if tuple(entropy.shape) != tuple(response_mask.shape):

@@ -13,7 +13,7 @@ never type it. Key names and defaults::
     actor_rollout_ref.actor.policy_loss.stats_source=old_policy  # or current_minibatch
     actor_rollout_ref.actor.policy_loss.mask_statistics=true     # false: the mask's own metrics only
 
-The allowed values of every key are defined once, in :mod:`stapo_verl.core.config_ranges` (which the library
+The allowed values of every key are defined once, in :mod:`stapo_verl.algo.config_ranges` (which the library
 functions that take the same values call too); which token-mask keys apply is declared by the mask where it is
 registered (``config_keys``).
 
@@ -33,7 +33,7 @@ from typing import Optional
 from omegaconf import DictConfig, open_dict, read_write
 from verl.workers.config.actor import PolicyLossConfig
 
-from stapo_verl.core.config_ranges import (
+from stapo_verl.algo.config_ranges import (
     ACTOR,
     KEY,
     RANGES,
@@ -223,7 +223,7 @@ class StapoPolicyLossConfig(PolicyLossConfig):
             Default 5.
 
     Numeric keys (inherited ones included) accept numeric strings, coerced exactly. Every range above is defined
-    once, in :mod:`stapo_verl.core.config_ranges`; the token-mask keys (``tau_p``, ``entropy_quantile``,
+    once, in :mod:`stapo_verl.algo.config_ranges`; the token-mask keys (``tau_p``, ``entropy_quantile``,
     ``top_entropy_ratio``, ``random_mask_seed``) are checked when the selected mask declares them (``config_keys`` of
     its registration, :mod:`stapo_verl.core.masks`).
 
@@ -314,7 +314,7 @@ class StapoPolicyLossConfig(PolicyLossConfig):
 
     def _check_mask_keys(self) -> None:
         """The keys the selected mask declares it reads (``config_keys`` of its registration): each must be a key of
-        this config, in its range (:data:`stapo_verl.core.config_ranges.RANGES`) when it has one."""
+        this config, in its range (:data:`stapo_verl.algo.config_ranges.RANGES`) when it has one."""
         keys = {f.name for f in dataclasses.fields(self)}
         for key in POLICY_TOKEN_MASK_REGISTRY[self.token_mask].config_keys:
             if key not in keys:

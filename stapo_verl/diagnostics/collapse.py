@@ -28,7 +28,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from stapo_verl.core.config_ranges import check_collapse_warmup, check_range
+from stapo_verl.algo.config_ranges import check_collapse_warmup, check_range
 
 #: (signal metric, z metric, warns) in the order they are checked; the total grad norm warns only without the
 #: LM-head norm (see :meth:`CollapseMonitor.observe`)
@@ -48,7 +48,7 @@ class RunningZScore:
         warmup: previous values needed before a z is returned (``policy_loss.collapse_warmup_steps``).
 
     Raises:
-        stapo_verl.core.config_ranges.StapoConfigError (a ValueError): ``window`` or ``warmup`` outside the config's
+        stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): ``window`` or ``warmup`` outside the config's
             ranges of those keys (window ≥ 2, 2 ≤ warmup ≤ window).
     """
 

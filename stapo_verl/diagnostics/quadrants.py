@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from stapo_verl.algo.s2t import candidate_mask
-from stapo_verl.core.config_ranges import check_range
+from stapo_verl.algo.config_ranges import check_range
 from stapo_verl.diagnostics.stats import logit_grad_norm_sq_bounds
 
 #: the four quadrants in the order they are reported: (probability, entropy)
@@ -129,7 +129,7 @@ def quadrant_masks(log_prob: torch.Tensor, entropy: torch.Tensor, advantages: to
 
     Raises:
         ValueError: the shapes differ (:func:`stapo_verl.algo.s2t.candidate_mask`).
-        stapo_verl.core.config_ranges.StapoConfigError (a ValueError): ``tau_p`` or ``q`` is outside the config's
+        stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): ``tau_p`` or ``q`` is outside the config's
             range of ``tau_p`` / ``entropy_quantile``.
     """
     check_range("tau_p", tau_p)

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from stapo_verl.core.config_ranges import check_range
+from stapo_verl.algo.config_ranges import check_range
 
 #: quantiles of the candidates' entropy logged as ``candidate_entropy_p<100·q>``
 QUANTILES = (0.5, 0.75, 0.95)
@@ -83,7 +83,7 @@ def log10_p_edges(tau_p: float) -> tuple[float, ...]:
     −12 to −2.70; τ_p = 1e-13: −14 to −13).
 
     Raises:
-        stapo_verl.core.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range of
+        stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range of
             ``policy_loss.tau_p`` (0 < τ_p < 1).
     """
     hi = math.log10(check_range("tau_p", tau_p))
@@ -372,7 +372,7 @@ def local_partials(
 
     Raises:
         ValueError: the tensors do not share one shape, ``vocab_size`` < 2 or an unknown ``loss_agg_mode``.
-        stapo_verl.core.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range.
+        stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range.
     """
     shapes = {tuple(t.shape) for t in (log_prob, entropy, advantages, response_mask, keep)}
     if len(shapes) != 1:
@@ -526,7 +526,7 @@ class MaskStatisticsObserver:
 
         Raises:
             ValueError: the tensors do not share one shape, ``vocab_size`` < 2 or an unknown ``loss_agg_mode``.
-            stapo_verl.core.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range.
+            stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range.
         """
         shapes = {tuple(t.shape) for t in (self.log_prob, self.entropy, self.advantages, self.response_mask,
                                            candidates)}

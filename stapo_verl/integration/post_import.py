@@ -15,11 +15,13 @@ from types import ModuleType
 import wrapt
 
 
-def when_imported(module_name: str, patch: Callable[[ModuleType], None]) -> None:
+def when_imported(module_name: str, patch: Callable[[ModuleType], None] | str) -> None:
     """Call ``patch(module)`` now if ``module_name`` is imported, else right after its first import.
 
     Args:
         module_name: dotted module name, e.g. ``"verl.workers.engine_workers"``.
-        patch: must be idempotent (it may run more than once, e.g. when the plugin is installed twice).
+        patch: must be idempotent (it may run more than once, e.g. when the plugin is installed twice). A string
+            ``"package.module:function"`` names it without importing it: wrapt imports ``package.module`` when the
+            hook fires (``wrapt.register_post_import_hook``'s deferred hook).
     """
     wrapt.register_post_import_hook(patch, module_name)

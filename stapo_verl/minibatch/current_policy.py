@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from stapo_verl.core.config_ranges import check_current_minibatch_pipeline
+from stapo_verl.algo.config_ranges import check_current_minibatch_pipeline
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY
 
 
@@ -40,8 +40,8 @@ def current_policy_statistics(engine, data, infer_keys: dict) -> tuple[torch.Ten
         ``ppo_loss`` uses), on the device of ``data["old_log_probs"]``; and the forward's wall time.
 
     Raises:
-        stapo_verl.core.config_ranges.StapoConfigError: Megatron with pipeline parallelism > 1 (the config's rule
-            :func:`stapo_verl.core.config_ranges.check_current_minibatch_pipeline`, checked again here on every rank
+        stapo_verl.algo.config_ranges.StapoConfigError: Megatron with pipeline parallelism > 1 (the config's rule
+            :func:`stapo_verl.algo.config_ranges.check_current_minibatch_pipeline`, checked again here on every rank
             before the forward, for callers that built no config).
         CurrentPolicyError: the engine returned no log-probs/entropy.
 

@@ -533,13 +533,17 @@ def install() -> bool:
         _warn_override(problems)
     from stapo_verl.core import hydra_options, masks  # noqa: F401  (masks: registers the masks and loss_mode=stapo)
     from stapo_verl.integration.post_import import when_imported
-    from stapo_verl.integration.verl_0_9_1 import determinism, driver_config, trainer, training_worker
+    from stapo_verl.integration.verl_0_9_1 import driver_config
 
     driver_config.install_validate_config()
-    when_imported("verl.trainer.main_ppo", driver_config.patch_main_ppo)
-    when_imported("verl.workers.engine_workers", training_worker.patch_engine_workers)
-    when_imported("verl.trainer.ppo.v1.trainer_base", trainer.patch_trainer_base)
-    when_imported("verl.experimental.agent_loop.agent_loop", determinism.patch_agent_loop)
-    when_imported("verl.trainer.ppo.v1.replay_buffer", determinism.patch_replay_buffer)
+    # The hooks name their module as "module:function": it is imported when verl's module is, not now. Loading the
+    # plugin then imports none of them, so a process whose first import is one of them (its body imports
+    # stapo_verl.core, hence verl, hence this plugin) is not asked here for a name it has not defined yet.
+    here = __name__
+    when_imported("verl.trainer.main_ppo", f"{here}.driver_config:patch_main_ppo")
+    when_imported("verl.workers.engine_workers", f"{here}.training_worker:patch_engine_workers")
+    when_imported("verl.trainer.ppo.v1.trainer_base", f"{here}.trainer:patch_trainer_base")
+    when_imported("verl.experimental.agent_loop.agent_loop", f"{here}.determinism:patch_agent_loop")
+    when_imported("verl.trainer.ppo.v1.replay_buffer", f"{here}.determinism:patch_replay_buffer")
     hydra_options.register()
     return True

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 
-from stapo_verl.core.config import fill_policy_loss_target, validate_token_mask_config
+# stapo_verl.core (hence verl) is imported where it is used: loading the plugin imports this module, and a process
+# whose first import is this module must not start verl's plugin loading before the functions below exist.
 
 _MARK = "__stapo_integration__"
 
@@ -20,6 +21,8 @@ def wrap_validate_config(orig):
 
     @functools.wraps(orig)
     def validate_config(config, *args, **kwargs):
+        from stapo_verl.core.config import fill_policy_loss_target, validate_token_mask_config
+
         fill_policy_loss_target(config)
         validate_token_mask_config(config)
         return orig(config, *args, **kwargs)
@@ -33,6 +36,8 @@ def wrap_run_ppo(orig):
 
     @functools.wraps(orig)
     def run_ppo(config, *args, **kwargs):
+        from stapo_verl.core.config import fill_policy_loss_target
+
         fill_policy_loss_target(config)
         return orig(config, *args, **kwargs)
 

@@ -1,4 +1,4 @@
-"""One place per rule: each range lives once (``stapo_verl.core.config_ranges``), the config applies it, a mask
+"""One place per rule: each range lives once (``stapo_verl.algo.config_ranges``), the config applies it, a mask
 declares where it is registered which token-mask keys it reads, and the library functions that take the same values
 accept exactly what the config accepts (same check, same message)."""
 
@@ -16,7 +16,7 @@ from stapo_verl.algo.s2t import s2t_keep_mask
 from stapo_verl.algo.selections import top_entropy_keep_mask
 from stapo_verl.core import registry
 from stapo_verl.core.config import StapoConfigError, StapoPolicyLossConfig, validate_token_mask_config
-from stapo_verl.core.config_ranges import RANGES, check_range
+from stapo_verl.algo.config_ranges import RANGES, check_range
 from stapo_verl.core.masks import TOKEN_MASKS
 from stapo_verl.diagnostics.collapse import RunningZScore
 from stapo_verl.diagnostics.quadrants import quadrant_masks

@@ -5,7 +5,11 @@
 (``register_policy_token_mask(..., config_keys=...)``, :mod:`stapo_verl.core.masks`), the diagnostics keys always.
 A public library function that takes one of these values (τ_p for the log10 p histogram, q for the quadrants, ρ of
 the 20-Entropy mask, the collapse window) calls the same check here instead of keeping bounds of its own, so it
-accepts exactly what the config accepts, with the same message. No torch, no verl: every module can import it.
+accepts exactly what the config accepts, with the same message.
+
+No torch, no verl, so every module can import it. It lives in :mod:`stapo_verl.algo`, whose package imports neither:
+under :mod:`stapo_verl.core`, whose package imports verl first, a library module that imports it would start verl's
+plugin loading halfway through its own import (see :mod:`stapo_verl.plugin`).
 """
 
 from __future__ import annotations

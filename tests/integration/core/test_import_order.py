@@ -1,0 +1,49 @@
+"""Whatever stapo_verl module a process imports first, the plugin loads.
+
+``import verl`` imports the plugin in the middle of verl's own ``__init__``; a stapo_verl module that imported verl
+at its top, and that installing the plugin needs, would then be half-initialised, the plugin's import would fail,
+and verl's loader would only log that at DEBUG level: the job would run without the plugin. This happened when a
+pure module (``stapo_verl.diagnostics.stats``) imported a helper from :mod:`stapo_verl.core`. The job forks one
+process per module the plugin loads (the list is read from a plain ``import verl``, so a new module is covered
+without editing this test); each imports its module first, then ``import verl``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from support.procs import child_env
+
+JOB = Path(__file__).with_name("import_first_job.py")
+#: modules that cannot be imported before verl, each with why; importing one first must fail loudly (an ERROR line
+#: naming the cause), never silently
+FIRST_IMPORT_FAILS = {
+    # PlatformCPU subclasses verl's PlatformBase at module level, and registering the platform (inside import verl,
+    # with VERL_PLATFORM=cpu) needs that class. Only the CPU backend's own code imports this module.
+    "stapo_verl.cpu.platform": "cannot import name 'PlatformCPU' from partially initialized module",
+}
+#: what the plugin must load in a CPU process, at least (so the test cannot pass on an empty list)
+MUST_COVER = {"stapo_verl.plugin", "stapo_verl.core.config", "stapo_verl.core.masks",
+              "stapo_verl.integration.verl_0_9_1.driver_config", "stapo_verl.cpu", "stapo_verl.cpu.platform"}
+
+
+def test_any_module_first_then_verl_loads_the_plugin():
+    out = subprocess.run([sys.executable, str(JOB)], capture_output=True, text=True, timeout=900,
+                         env=child_env(VERL_PLATFORM="cpu"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert MUST_COVER <= set(report["modules"]), sorted(MUST_COVER - set(report["modules"]))
+    assert set(report["results"]) == set(report["modules"])
+    wrong = {}
+    for module, r in report["results"].items():
+        if module in FIRST_IMPORT_FAILS:
+            loud = [e for e in r["errors"] if "stapo-verl did not load" in e and FIRST_IMPORT_FAILS[module] in e
+                    and "import verl first" in e]
+            if r["plugin"] or not loud:
+                wrong[module] = r
+        elif not (r["plugin"] and r["validate_config"]) or r["errors"]:
+            wrong[module] = r
+    assert not wrong, json.dumps(wrong, indent=1)
