@@ -5,7 +5,8 @@ at its top, and that installing the plugin needs, would then be half-initialised
 and verl's loader would only log that at DEBUG level: the job would run without the plugin. This happened when a
 pure module (``stapo_verl.diagnostics.stats``) imported a helper from :mod:`stapo_verl.core`. The job forks one
 process per module the plugin loads (the list is read from a plain ``import verl``, so a new module is covered
-without editing this test); each imports its module first, then ``import verl``.
+without editing this test); each imports its module first, then ``import verl``. The pure packages (``algo``,
+``diagnostics``) are checked to import neither verl nor :mod:`stapo_verl.core`, so a script may import them first.
 """
 
 from __future__ import annotations
@@ -47,3 +48,21 @@ def test_any_module_first_then_verl_loads_the_plugin():
         elif not (r["plugin"] and r["validate_config"]) or r["errors"]:
             wrong[module] = r
     assert not wrong, json.dumps(wrong, indent=1)
+
+
+#: the pure packages: importing every module of them imports neither verl nor stapo_verl.core
+PURE_PACKAGES = ("stapo_verl/algo", "stapo_verl/diagnostics")
+
+
+def test_pure_packages_import_neither_verl_nor_core():
+    root = Path(__file__).resolve().parents[3]
+    modules = sorted(".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+                     for pkg in PURE_PACKAGES for p in (root / pkg).glob("*.py"))
+    assert "stapo_verl.algo.config_ranges" in modules and "stapo_verl.diagnostics.stats" in modules
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m == 'verl' or m.startswith(('verl.', "
+            "'stapo_verl.core')))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
