@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support.procs import child_env
+from support.procs import REPO, child_env
 
 JOB = Path(__file__).with_name("import_first_job.py")
 #: modules that cannot be imported before verl, each with why; importing one first must fail loudly (an ERROR line
@@ -55,7 +55,7 @@ PURE_PACKAGES = ("stapo_verl/algo", "stapo_verl/diagnostics")
 
 
 def test_pure_packages_import_neither_verl_nor_core():
-    root = Path(__file__).resolve().parents[3]
+    root = REPO
     modules = sorted(".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
                      for pkg in PURE_PACKAGES for p in (root / pkg).glob("*.py"))
     assert "stapo_verl.algo.config_ranges" in modules and "stapo_verl.diagnostics.stats" in modules
