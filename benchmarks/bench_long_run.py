@@ -1,19 +1,21 @@
 """Benchmark: does a long tiny run stay flat? Driver and worker memory (RSS) and step time, early and late.
 
 Runs ``bash recipes/tiny_cpu_stapo.sh`` for ``--steps`` steps (default 200; the recipe's batch, no validation, no
-checkpoint) and samples, every time ``metrics.jsonl`` gains a step, the resident memory
-of each process of the job, grouped by role: the driver (the launcher and verl's ``TaskRunner``), the FSDP worker
-(``WorkerDict``: actor, loss, the plugin's mask, statistics and token dump), the rollout server, the agent-loop and
-reward workers. Step time is verl's ``timing_s/step``.
+checkpoint) and samples, every time ``metrics.jsonl`` gains a step, the resident memory of each process of the job
+(all of it, and split into private and shared pages), grouped by role: the driver (the launcher and verl's
+``TaskRunner``), the FSDP worker (``WorkerDict``: actor, loss, the plugin's mask, statistics and token dump), the
+rollout server, the agent-loop and reward workers. Step time is verl's ``timing_s/step``.
 
-What it prints, for step ``--early`` (default 20, after warm-up) and the last step: RSS per role and its growth in
-per cent, and the median step time of the 10 steps before each with its interquartile range. The leak this guards
-against was reported to verl (https://github.com/volcengine/verl/issues/4002): a loss that keeps
-``model_output`` alive across micro-batches grows the worker's memory every step; the plugin's copied ``ppo_loss``,
-its token dump and the diagnostics' buffers must not bring it back. Growth ≤ 5 % after warm-up is the target.
+What it prints, for step ``--early`` (default 20, after warm-up) and the last step: each kind of resident memory
+per role and its growth in per cent, and the median step time of the 10 steps before each with its interquartile
+range. The leak this guards against was reported to verl (https://github.com/volcengine/verl/issues/4002): a loss
+that keeps ``model_output`` alive across micro-batches grows the worker's memory every step; the plugin's copied
+``ppo_loss``, its token dump and the diagnostics' buffers must not bring it back. Growth ≤ 5 % after warm-up is the
+target.
 
 Usage: ``python benchmarks/bench_long_run.py [--steps 200] [--early 20] [--out DIR] [hydra overrides ...]``
-(not part of the test suite: about 20 minutes on 2 cores). Writes ``DIR/rss.jsonl`` (one line per step and role).
+(not part of the test suite: about 30 minutes on 2 idle cores). Writes ``DIR/rss.jsonl`` (one line per step: MiB
+per kind and role).
 """
 
 from __future__ import annotations
@@ -55,9 +57,24 @@ def role_of(proc: psutil.Process) -> str | None:
     return None
 
 
-def sample(root: int) -> dict[str, float]:
-    """RSS in MiB per role, summed over the role's processes."""
-    out: dict[str, float] = defaultdict(float)
+KINDS = ("rss", "anon", "shared")
+
+
+def memory_of(pid: int) -> dict[str, float]:
+    """One process's resident memory in MiB: ``rss`` (all), ``anon`` (its private heap and stacks: Linux's
+    ``RssAnon``) and ``shared`` (file and shared-memory pages it has touched: ``RssFile`` + ``RssShmem``, which
+    include the pages of Ray's object store the process has read from; they are not private memory)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            fields[key] = int(value.split()[0]) / 1024
+    return {"rss": fields["VmRSS"], "anon": fields["RssAnon"], "shared": fields["RssFile"] + fields["RssShmem"]}
+
+
+def sample(root: int) -> dict[str, dict[str, float]]:
+    """Memory in MiB per kind (:data:`KINDS`) and role, summed over the role's processes."""
+    out: dict[str, dict[str, float]] = {k: defaultdict(float) for k in KINDS}
     try:
         procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -67,10 +84,12 @@ def sample(root: int) -> dict[str, float]:
         if role is None:
             continue
         try:
-            out[role] += p.memory_info().rss / 2**20
-        except psutil.NoSuchProcess:
-            pass
-    return dict(out)
+            mem = memory_of(p.pid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for k in KINDS:
+            out[k][role] += mem[k]
+    return {k: dict(v) for k, v in out.items()}
 
 
 def steps_in(path: Path) -> dict[int, dict]:
@@ -118,7 +137,7 @@ def main() -> int:
                     snap = sample(proc.pid)
                     for s in done:
                         rss[s] = snap
-                        out.write(json.dumps({"step": s, "rss_mib": snap}) + "\n")
+                        out.write(json.dumps({"step": s, **{f"{k}_mib": v for k, v in snap.items()}}) + "\n")
                     out.flush()
                 time.sleep(0.5)
     finally:  # interrupted: take the job's whole process tree down with the benchmark
@@ -135,11 +154,12 @@ def main() -> int:
     m = steps_in(metrics_path)
     last = max(s for s in rss)
     print(f"{a.steps} tiny steps in {run_dir} (RSS sampled when each step's metrics row appeared)")
-    print(f"{'role':22s} {'step ' + str(a.early):>12s} {'step ' + str(last):>12s} {'growth':>8s}")
-    roles = sorted(set(rss[a.early]) | set(rss[last]))
-    for role in roles:
-        early, late = rss[a.early].get(role, float("nan")), rss[last].get(role, float("nan"))
-        print(f"{role:22s} {early:10.1f} MiB {late:8.1f} MiB {100 * (late - early) / early:+7.1f} %")
+    print(f"{'role':22s} {'kind':6s} {'step ' + str(a.early):>12s} {'step ' + str(last):>12s} {'growth':>8s}")
+    for role in sorted(set(rss[a.early]["rss"]) | set(rss[last]["rss"])):
+        for kind in KINDS:
+            early = rss[a.early][kind].get(role, float("nan"))
+            late = rss[last][kind].get(role, float("nan"))
+            print(f"{role:22s} {kind:6s} {early:8.1f} MiB {late:8.1f} MiB {100 * (late - early) / early:+7.1f} %")
     for step in (a.early, last):
         window = [m[s]["timing_s/step"] for s in range(step - 9, step + 1) if "timing_s/step" in m.get(s, {})]
         print(f"step time, steps {step - 9}-{step}: median {median_iqr(window)}")
