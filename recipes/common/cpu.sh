@@ -8,16 +8,23 @@
 # deltas (STAPO short form, GRPO's KL loss and reference model, ...) and the stop-token generation config.
 #
 # ENGINE=fsdp (default) | megatron selects the training engine (verl's model_engine=dp | megatron).
+# ROLLOUT=cpu (default) | vllm selects the rollout: the project's sampler (rollout.name=cpu, below) or verl's own
+# vLLM async server on vLLM's CPU build (rollout.name=vllm; its own venv .venv-vllm, from
+# `STAPO_VLLM=1 scripts/setup_env.sh`, and its own asset set with head_dim 32 in ~/.cache/stapo_verl/tiny_vllm;
+# docs/cpu_backend.md says what of verl's vLLM path runs).
 #
 # ---------------------------------------------------------------------------------------------------
 # What cannot run on a CPU, and what the tiny run uses instead (the one list; docs/cpu_backend.md has
 # the same table):
-#   vLLM rollout server (async)              -> stapo_verl.cpu rollout server: HF transformers sampler
-#                                               behind verl's RolloutReplica/ServerAdapter contract
-#                                               (rollout.name=cpu); reads the same
-#                                               engine_kwargs.vllm.generation_config stop setting
+#   vLLM rollout server (async)              -> ROLLOUT=cpu: stapo_verl.cpu rollout server, an HF
+#                                               transformers sampler behind verl's RolloutReplica/ServerAdapter
+#                                               contract (rollout.name=cpu); reads the same
+#                                               engine_kwargs.vllm.generation_config stop setting.
+#                                               ROLLOUT=vllm: verl's vLLM server itself, on vLLM's CPU build
 #   vLLM engine knobs (gpu_memory_utilization,
-#     rollout TP, CUDA graphs, sleep mode)   -> accepted by the config, ignored by the CPU server; TP=1
+#     rollout TP, CUDA graphs, sleep mode)   -> ROLLOUT=cpu: accepted by the config, ignored by the CPU server;
+#                                               TP=1. ROLLOUT=vllm: gpu_memory_utilization sizes host memory
+#                                               (0.1), eager mode (no CUDA graphs), no sleep mode, TP=1
 #   NCCL                                     -> gloo (stapo_verl.cpu platform)
 #   CUDA GPUs for verl's resource pools      -> virtual Ray `GPU` resources (ray_init.num_gpus)
 #   flash-attention                          -> SDPA (model.override_config.attn_implementation=sdpa)
@@ -52,8 +59,14 @@ stapo_cpu_setup() {
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
     # The project's venv: scripts/setup_env.sh creates or updates it (a no-op when its stamp matches setup.cfg).
     # A STAPO_VENV the user chose is used as it is.
+    : "${ROLLOUT:=cpu}"
+    case $ROLLOUT in
+    cpu) local vllm=0 ;;
+    vllm) local vllm=1 ;;
+    *) stapo_die "ROLLOUT='$ROLLOUT' (allowed: cpu, vllm)" ;;
+    esac
     if [[ -z ${STAPO_VENV:-} ]]; then
-        STAPO_VENV="$(bash "$root/scripts/setup_env.sh" | tail -n 1)"
+        STAPO_VENV="$(STAPO_VLLM=$vllm bash "$root/scripts/setup_env.sh" | tail -n 1)"
         export STAPO_VENV
     fi
     stapo_python
@@ -68,7 +81,11 @@ stapo_cpu_setup() {
     : "${PRECISION:=bf16}"
     [[ $PRECISION == bf16 ]] ||
         stapo_die "PRECISION=$PRECISION cannot run on CPU (no FP8 kernels; the CPU run trains in fp32): unset PRECISION"
-    : "${RUN_NAME:=tiny_cpu_${method}}"
+    if [[ $ROLLOUT == cpu ]]; then
+        : "${RUN_NAME:=tiny_cpu_${method}}"
+    else
+        : "${RUN_NAME:=tiny_cpu_${method}_${ROLLOUT}}"
+    fi
     : "${PROJECT_NAME:=stapo_tiny_cpu}"
     : "${EXP_NAME:=$RUN_NAME}"
     : "${LOGGER:=[console,file,tensorboard]}"
@@ -92,11 +109,21 @@ stapo_cpu_setup() {
     *) stapo_die "ENGINE='$ENGINE' (allowed: ${STAPO_ENGINES[*]})" ;;
     esac
 
-    ASSETS="${STAPO_ASSETS:-$HOME/.cache/stapo_verl/tiny}"
+    # vLLM's CPU attention has no kernel for the default head size 24 (stapo_verl.cpu.make_assets.VLLM_HEAD_DIM).
+    local asset_args=()
+    if [[ $ROLLOUT == vllm ]]; then
+        # On the CPU platform vLLM sizes its KV cache from host memory (gpu_memory_utilization): 0.92 of it is
+        # refused on a 24 GiB machine that also holds the trainer; 0.1 holds far more than the tiny batch needs.
+        : "${ROLLOUT_GPU_MEM_UTIL:=0.1}"
+        ASSETS="${STAPO_ASSETS:-$HOME/.cache/stapo_verl/tiny_vllm}"
+        asset_args=(--head-dim 32)
+    else
+        ASSETS="${STAPO_ASSETS:-$HOME/.cache/stapo_verl/tiny}"
+    fi
     # Progress on stderr; stdout is the three values read below (so --print-overrides' stdout stays the list).
     local assets
-    assets="$("$PY" -m stapo_verl.cpu.make_assets --out "$ASSETS" --print-recipe-vars)" ||
-        stapo_die "building the tiny assets in $ASSETS failed (python -m stapo_verl.cpu.make_assets --out $ASSETS)"
+    assets="$("$PY" -m stapo_verl.cpu.make_assets --out "$ASSETS" ${asset_args[@]+"${asset_args[@]}"} --print-recipe-vars)" ||
+        stapo_die "building the tiny assets in $ASSETS failed (python -m stapo_verl.cpu.make_assets --out $ASSETS ${asset_args[*]})"
     # shellcheck disable=SC2034  # read by recipes/common/base.sh
     {
         read -r MODEL_PATH
@@ -124,8 +151,7 @@ stapo_cpu_overrides() {
         # when that exceeds the physical cores (hundreds of lines a run on 2 cores).
         "+ray_kwargs.ray_init.runtime_env.env_vars.TQ_NUM_THREADS='1'"
         transfer_queue.backend.SimpleStorage.num_data_storage_units=1
-        # Rollout: the CPU server instead of vLLM (one agent-loop worker, one reward worker).
-        actor_rollout_ref.rollout.name=cpu
+        # One agent-loop worker, one reward worker.
         actor_rollout_ref.rollout.agent.num_workers=1
         reward.num_workers=1
         # Model: SDPA attention, no gradient checkpointing.
@@ -149,6 +175,30 @@ stapo_cpu_overrides() {
     case $ENGINE in
     fsdp) stapo_cpu_fsdp overrides ;;
     megatron) stapo_cpu_megatron overrides ;;
+    esac
+    stapo_cpu_rollout
+}
+
+# stapo_cpu_rollout: the rollout of ROLLOUT (set by stapo_cpu_setup).
+stapo_cpu_rollout() {
+    case $ROLLOUT in
+    cpu)
+        # The project's CPU server instead of vLLM.
+        STAPO_OVERRIDES+=(actor_rollout_ref.rollout.name=cpu)
+        ;;
+    vllm)
+        STAPO_OVERRIDES+=(
+            actor_rollout_ref.rollout.name=vllm
+            # The rollout computes in the actor's fp32 (the FSDP actor trains in fp32 here): the rollout/actor
+            # log-prob comparison (training/rollout_probs_diff_*, rollout_corr/*) then shows the weight sync, not bf16.
+            actor_rollout_ref.rollout.dtype=float32
+            # No CUDA graphs to capture; eager also skips torch.compile of the model (minutes on 2 cores).
+            actor_rollout_ref.rollout.enforce_eager=True
+            # Sleep mode frees GPU memory through CUDA's allocator (cumem); vLLM refuses it on the CPU platform.
+            +actor_rollout_ref.rollout.enable_sleep_mode=False
+            actor_rollout_ref.rollout.free_cache_engine=False
+        )
+        ;;
     esac
 }
 

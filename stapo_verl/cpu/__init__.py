@@ -144,8 +144,9 @@ def register() -> None:
 
     Checks the ledger's verl entries (:data:`stapo_verl.cpu.ledger.VERL_PATCHES`), then registers the platform class
     at once (importing ``verl.workers.engine.fsdp.transformer_impl`` freezes ``get_device_name()``); the
-    process-group patch, the engine and rollout registrations, the FSDP2 offload policy and the replay buffer's poll
-    interval follow through post-import hooks on the verl modules they touch (run at once where already imported).
+    process-group patch, the engine and rollout registrations, the FSDP2 offload policy, the replay buffer's poll
+    interval and, for verl's vLLM rollout, vLLM's CPU linear layers (:mod:`stapo_verl.cpu.vllm_cpu`) follow through
+    post-import hooks on the modules they touch (run at once where already imported).
     Whether the backend is installed is read from verl's platform registry (``cpu`` → :class:`PlatformCPU`).
 
     Raises:
@@ -170,6 +171,10 @@ def register() -> None:
         when_imported("verl.workers.rollout.base", lambda _module: _register_rollout_adapter())
         when_imported("verl.workers.rollout.replica", lambda _module: _register_rollout_replica())
         when_imported("verl.trainer.ppo.v1.replay_buffer", _patch_replay_buffer_poll_interval)
+        # verl's vLLM rollout (rollout.name=vllm): only the engine's worker process imports this module
+        when_imported("vllm.model_executor.layers.utils", "stapo_verl.cpu.vllm_cpu:patch_cpu_unquantized_gemm")
+        when_imported("verl.workers.rollout.vllm_rollout.vllm_async_server",
+                      "stapo_verl.cpu.vllm_cpu:patch_vllm_http_server_init")
         install_hooks()
     from verl.utils.device import get_device_name
 

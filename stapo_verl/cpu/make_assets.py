@@ -2,9 +2,10 @@
 
 Usage::
 
-    python -m stapo_verl.cpu.make_assets [--out DIR] [--force] [--print-recipe-vars]
+    python -m stapo_verl.cpu.make_assets [--out DIR] [--head-dim N] [--force] [--print-recipe-vars]
 
-``DIR`` defaults to ``$STAPO_ASSETS`` or ``~/.cache/stapo_verl/tiny``. Layout::
+``DIR`` defaults to ``$STAPO_ASSETS`` or ``~/.cache/stapo_verl/tiny``; ``--head-dim 32`` builds the set that verl's vLLM
+rollout can serve (:data:`VLLM_HEAD_DIM`; the tiny recipe keeps it in ``~/.cache/stapo_verl/tiny_vllm``). Layout::
 
     DIR/model/            HF Qwen3ForCausalLM + tokenizer (ByteLevel BPE, Qwen ChatML template); like a Qwen3
                           *base* checkpoint, EOS is <|endoftext|> while chat turns end with <|im_end|>
@@ -49,6 +50,10 @@ SEED = 1234
 SAMPLE_TEMPERATURE = 1.0
 #: Model shape (Qwen3, tied embeddings): ~0.37 M parameters.
 MODEL = MappingProxyType({"hidden": 96, "layers": 3})
+#: The head size of the asset set for verl's vLLM rollout on CPU (``--head-dim``; ``ROLLOUT=vllm`` in the tiny
+#: recipe): vLLM's CPU attention has kernels for a fixed list of head sizes, which holds 32 but not the default 24
+#: ("Unsupported CPU attention configuration"). The default set keeps 24, so its documented numbers stay.
+VLLM_HEAD_DIM = 32
 #: Warm start: fixed length (no early stop: the build time and the result do not depend on evaluations).
 SFT = MappingProxyType({"steps": 300, "batch": 48, "lr": 4e-3, "warmup": 30, "label_smoothing": 0.03})
 EOS_TOKEN = "<|endoftext|>"  # end of sequence (Qwen3-Base: tokenizer eos, config / generation_config eos)
@@ -147,17 +152,19 @@ def encode_chat(tok, question: str) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- model + warm start
-def build_model(tok, hidden: int = MODEL["hidden"], layers: int = MODEL["layers"]):
+def build_model(tok, hidden: int = MODEL["hidden"], layers: int = MODEL["layers"], head_dim: int | None = None):
     """A small random ``Qwen3ForCausalLM`` (tied embeddings, fp32) for ``tok``'s vocabulary.
 
-    ``bos_token_id`` / ``eos_token_id`` are ``<|endoftext|>``, as in Qwen3-Base's ``config.json``.
+    ``bos_token_id`` / ``eos_token_id`` are ``<|endoftext|>``, as in Qwen3-Base's ``config.json``. ``head_dim``
+    defaults to ``hidden // 4`` (4 query heads, 2 KV heads); Qwen3 lets it differ from that, as
+    :data:`VLLM_HEAD_DIM` needs.
     """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim or hidden // 4, max_position_embeddings=1024,
         tie_word_embeddings=True, bos_token_id=tok.convert_tokens_to_ids(EOS_TOKEN),
         eos_token_id=tok.convert_tokens_to_ids(EOS_TOKEN),
         pad_token_id=tok.pad_token_id, rope_theta=10000.0, torch_dtype="float32",
@@ -261,7 +268,8 @@ def warm_start(model, tok, train: list[dict], val: list[dict], steps: int = SFT[
 
 
 # ----------------------------------------------------------------------------- main
-def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VAL, log=print) -> dict:
+def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VAL, log=print,
+          head_dim: int | None = None) -> dict:
     """Build every asset under ``out`` unless the manifest already matches (then return it instantly).
 
     Args:
@@ -269,15 +277,24 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
         force: rebuild even when ``out/assets.json`` has version :data:`ASSET_VERSION`.
         n_train: RL training rows; n_val: validation rows (the warm start uses 4,000 further rows).
         log: progress sink (one line per phase).
+        head_dim: attention head size (default ``hidden // 4``, the default asset set; :data:`VLLM_HEAD_DIM` for
+            verl's vLLM rollout).
 
     Returns:
         the manifest dict (also written to ``out/assets.json``): ``model_dir``, ``train_file``, ``val_file``
         (absolute paths), sizes, the warm-start settings and its sampled/greedy accuracy, ``build_seconds``.
+    Raises:
+        ValueError: ``out`` holds assets of another ``head_dim`` (use another ``--out``, or ``--force``).
     """
     manifest_path = out / "assets.json"
+    want_head_dim = head_dim or MODEL["hidden"] // 4
     if manifest_path.exists() and not force:
         m = json.loads(manifest_path.read_text())
         if m.get("version") == ASSET_VERSION:
+            have = m.get("head_dim", MODEL["hidden"] // 4)
+            if have != want_head_dim:
+                raise ValueError(f"{out} holds tiny assets with head_dim={have}, asked for head_dim={want_head_dim}: "
+                                 f"use another --out (STAPO_ASSETS) or --force")
             return m
     t0 = time.time()
     import pandas as pd
@@ -302,7 +319,7 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
     val, rl_train, sft = probs[:n_val], probs[n_val:n_val + n_train], probs[n_val + n_train:]
     corpus = [p["question"] + "\n" + p["solution"] for p in sft] + ["user\nassistant\n"] * 50
     tok = build_tokenizer(corpus, out / "model")
-    model = build_model(tok)
+    model = build_model(tok, head_dim=head_dim)
     stats = warm_start(model, tok, sft, val, log=log)
     # Qwen3-Base's generation_config.json: bos = eos = <|endoftext|> (an int, not a list), no <|im_end|>.
     model.generation_config.bos_token_id = tok.convert_tokens_to_ids(EOS_TOKEN)
@@ -317,7 +334,8 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
         "train_file": str(out / "data" / "train.parquet"), "val_file": str(out / "data" / "val.parquet"),
         "n_train": n_train, "n_val": n_val, "vocab_size": len(tok),
         "n_params": sum(p.numel() for p in model.parameters()), "sample_temperature": SAMPLE_TEMPERATURE,
-        "eos_token": EOS_TOKEN, "end_of_turn_token": END_OF_TURN, "model": dict(MODEL), "sft": dict(SFT),
+        "eos_token": EOS_TOKEN, "end_of_turn_token": END_OF_TURN, "model": dict(MODEL), "head_dim": want_head_dim,
+        "sft": dict(SFT),
         "build_seconds": round(time.time() - t0, 1), **stats,
     }
     manifest_path.write_text(json.dumps(manifest, indent=1))
@@ -344,7 +362,12 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild even if the manifest exists")
     ap.add_argument("--print-recipe-vars", action="store_true",
                     help="print model dir, train file and validation files (one a line) for recipes/common/cpu.sh")
+    ap.add_argument("--head-dim", type=int, default=None,
+                    help=f"attention head size (default hidden // 4 = {MODEL['hidden'] // 4}; {VLLM_HEAD_DIM} for verl's "
+                         f"vLLM rollout on CPU)")
     a = ap.parse_args(argv)
+    if a.head_dim is not None and a.head_dim <= 0:
+        ap.error(f"--head-dim {a.head_dim}: must be a positive integer")
     out = a.out.expanduser().resolve()
     manifest = out / "assets.json"
     cached = not a.force and manifest.exists() and json.loads(manifest.read_text()).get("version") == ASSET_VERSION
@@ -354,7 +377,7 @@ def main(argv=None) -> int:
 
     if not cached:
         log(f"[make_assets] building the tiny assets in {out} (about a minute on one core; cached afterwards)")
-    m = build(out, force=a.force, log=log)
+    m = build(out, force=a.force, log=log, head_dim=a.head_dim)
     log(f"[make_assets] {out}: {m['n_params']:,}-parameter Qwen3, {m['n_train']} train / {m['n_val']} validation "
         f"rows, warm start sampled acc {m['sampled_acc']:.2f} (greedy {m['greedy_acc']:.2f})"
         + ("" if cached else f", built in {m['build_seconds']:.0f} s"))
