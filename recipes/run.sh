@@ -16,7 +16,7 @@
 #   Hydra overrides go last and win; the recipe reads only token_mask among them (tiny dump: S2T masks only).
 #
 # Environment (defaults in recipes/common/base.sh): MODEL_PATH DATA_DIR CKPT_DIR NNODES GPUS_PER_NODE
-# PROJECT_NAME EXP_NAME TOTAL_STEPS TOTAL_EPOCHS PRECISION(bf16|fp8) ENGINE(megatron|fsdp) ACTOR_TP
+# PROJECT_NAME EXP_NAME TOTAL_STEPS TOTAL_EPOCHS PRECISION(bf16|fp8) ENGINE(megatron|fsdp) ROLLOUT(tiny: cpu|vllm) ACTOR_TP
 # ACTOR_PP ACTOR_CP ROLLOUT_TP PPO_MAX_TOKEN_LEN LOGPROB_MAX_TOKEN_LEN OFFLOAD ROLLOUT_GPU_MEM_UTIL
 # STAPO_TAU_P STAPO_Q ... STAPO_VENV (interpreter: $STAPO_VENV/bin/python, else .venv, else python3).
 # Multi-node: start Ray first and export RAY_ADDRESS (docs/recipes.md §5); this script never starts Ray.
