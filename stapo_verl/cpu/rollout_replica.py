@@ -14,7 +14,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from verl.workers.rollout.replica import RolloutReplica
 
-from stapo_verl.cpu.rollout_server import CPURolloutServer
+from stapo_verl.cpu.rollout_server import CPURolloutServer, onednn_cache_env
 
 
 def server_actor_name(prefix: str, replica_rank: int, node_rank: int, suffix: str = "") -> str:
@@ -51,6 +51,9 @@ class CPUReplica(RolloutReplica):
         if not node_ids:
             raise RuntimeError(f"CPUReplica {self.replica_rank}: no workers to place the server on")
         server_cls = ray.remote(CPURolloutServer)
+        # the job's env_vars, plus the caps on oneDNN's kernel caches (onednn_cache_env: they bound its memory)
+        job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
+        runtime_env = {"env_vars": {**job_env, **onednn_cache_env()}}
         prefix = self._get_server_name_prefix()
         for node_rank in range(self.nnodes):
             node_id = node_ids[min(node_rank * self.gpus_per_replica_node, len(node_ids) - 1)]
@@ -61,6 +64,7 @@ class CPUReplica(RolloutReplica):
                 name=name,
                 max_concurrency=self.max_concurrency,
                 num_cpus=0,  # logical CPUs are all held by the placement groups; the server just shares cores
+                runtime_env=runtime_env,
             ).remote(
                 config=self.config,
                 model_config=self.model_config,
