@@ -121,9 +121,9 @@ stapo_cpu_setup() {
         ASSETS="${STAPO_ASSETS:-$HOME/.cache/stapo_verl/tiny}"
     fi
     # Progress on stderr; stdout is the three values read below (so --print-overrides' stdout stays the list).
-    local assets
-    assets="$("$PY" -m stapo_verl.cpu.make_assets --out "$ASSETS" ${asset_args[@]+"${asset_args[@]}"} --print-recipe-vars)" ||
-        stapo_die "building the tiny assets in $ASSETS failed (python -m stapo_verl.cpu.make_assets --out $ASSETS ${asset_args[*]})"
+    local assets make_assets=(-m stapo_verl.cpu.make_assets --out "$ASSETS" ${asset_args[@]+"${asset_args[@]}"})
+    assets="$("$PY" "${make_assets[@]}" --print-recipe-vars)" ||
+        stapo_die "building the tiny assets in $ASSETS failed (python ${make_assets[*]})"
     # shellcheck disable=SC2034  # read by recipes/common/base.sh
     {
         read -r MODEL_PATH

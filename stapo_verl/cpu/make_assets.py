@@ -363,8 +363,8 @@ def main(argv=None) -> int:
     ap.add_argument("--print-recipe-vars", action="store_true",
                     help="print model dir, train file and validation files (one a line) for recipes/common/cpu.sh")
     ap.add_argument("--head-dim", type=int, default=None,
-                    help=f"attention head size (default hidden // 4 = {MODEL['hidden'] // 4}; {VLLM_HEAD_DIM} for verl's "
-                         f"vLLM rollout on CPU)")
+                    help=f"attention head size (default hidden // 4 = {MODEL['hidden'] // 4}; "
+                         f"{VLLM_HEAD_DIM} for verl's vLLM rollout on CPU)")
     a = ap.parse_args(argv)
     if a.head_dim is not None and a.head_dim <= 0:
         ap.error(f"--head-dim {a.head_dim}: must be a positive integer")
