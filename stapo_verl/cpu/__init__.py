@@ -145,8 +145,9 @@ def register() -> None:
     Checks the ledger's verl entries (:data:`stapo_verl.cpu.ledger.VERL_PATCHES`), then registers the platform class
     at once (importing ``verl.workers.engine.fsdp.transformer_impl`` freezes ``get_device_name()``); the
     process-group patch, the engine and rollout registrations, the FSDP2 offload policy, the replay buffer's poll
-    interval and, for verl's vLLM rollout, vLLM's CPU linear layers (:mod:`stapo_verl.cpu.vllm_cpu`) follow through
-    post-import hooks on the modules they touch (run at once where already imported).
+    interval and, for verl's vLLM rollout, vLLM's CPU linear layers and verl's batch-invariance switch
+    (:mod:`stapo_verl.cpu.vllm_cpu`) follow through post-import hooks on the modules they touch (run at once where
+    already imported).
     Whether the backend is installed is read from verl's platform registry (``cpu`` → :class:`PlatformCPU`).
 
     Raises:

@@ -44,6 +44,8 @@ _VLLM_UPSTREAM = ("verl's weight sync through vLLM's layerwise reload (vllm.mode
                   "restores and re-processes packed kernel tensors; or a vLLM CPU linear whose parameter stays "
                   "authoritative")
 _VLLM_REMOVE = "when verl's vLLM weight sync reaches vLLM's CPU kernels, or when ROLLOUT=vllm is dropped"
+_BATCH_INVARIANT_UPSTREAM = "verl: set VLLM_BATCH_INVARIANT only on platforms whose vLLM has batch-invariant kernels"
+_BATCH_INVARIANT_REMOVE = "when vLLM's CPU build has batch-invariant kernels, or when ROLLOUT=vllm is dropped"
 
 
 class IncompatibleSiteError(IncompatibleVerlError):
@@ -200,8 +202,8 @@ VERL_PATCHES: tuple[Patch, ...] = (
         "after the body",
         why="full_determinism sets VLLM_BATCH_INVARIANT=1, whose kernels are Triton kernels that vLLM's CPU build "
         "does not have; the body's per-request seeds stay",
-        upstream="verl: set VLLM_BATCH_INVARIANT only on platforms whose vLLM has batch-invariant kernels",
-        remove_when="when vLLM's CPU build has batch-invariant kernels, or when ROLLOUT=vllm is dropped",
+        upstream=_BATCH_INVARIANT_UPSTREAM,
+        remove_when=_BATCH_INVARIANT_REMOVE,
         signature="(self, config, model_config, rollout_mode: RolloutMode, workers: list[ActorHandle], "
         "replica_rank: int, node_rank: int, gpus_per_node: int, nnodes: int, cuda_visible_devices: str, "
         "disaggregation_role: str='null', disaggregation_kv_transfer_config: Optional[dict]=None)",
@@ -458,7 +460,7 @@ VLLM_PATCHES: tuple[Patch, ...] = (
     Patch(
         symbol="vllm.model_executor.layers.utils.cpu_unquantized_gemm",
         action="relied on: calls layer.cpu_linear(x, weight, bias) with the layer's parameter",
-        why="linear_from_parameter reads the weight it is passed at call time",
+        why="torch.nn.functional.linear, the layer's cpu_linear, then reads the parameter as it is at call time",
         upstream=_VLLM_UPSTREAM,
         remove_when=_VLLM_REMOVE,
         signature="(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None=None)",
@@ -488,8 +490,8 @@ VLLM_PATCHES: tuple[Patch, ...] = (
         action="its input changed: VLLM_BATCH_INVARIANT in os.environ of verl's vLLM server set back to 0 "
         "(stapo_verl.cpu.vllm_cpu.patch_vllm_http_server_init), which the engine's worker inherits and reads here",
         why="batch-invariant mode replaces torch ops by Triton kernels, which vLLM's CPU build does not have",
-        upstream="verl: set VLLM_BATCH_INVARIANT only on platforms whose vLLM has batch-invariant kernels",
-        remove_when="when vLLM's CPU build has batch-invariant kernels, or when ROLLOUT=vllm is dropped",
+        upstream=_BATCH_INVARIANT_UPSTREAM,
+        remove_when=_BATCH_INVARIANT_REMOVE,
         signature="()",
         source_sha256="f2ed8635407d1477390154f15289aa14c4d9d02667ed187468c496745a6fa07f",
     ),

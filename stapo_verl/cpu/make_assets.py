@@ -50,6 +50,8 @@ SEED = 1234
 SAMPLE_TEMPERATURE = 1.0
 #: Model shape (Qwen3, tied embeddings): ~0.37 M parameters.
 MODEL = MappingProxyType({"hidden": 96, "layers": 3})
+#: Attention head size of the default asset set (4 query heads, 2 KV heads).
+DEFAULT_HEAD_DIM = MODEL["hidden"] // 4
 #: The head size of the asset set for verl's vLLM rollout on CPU (``--head-dim``; ``ROLLOUT=vllm`` in the tiny
 #: recipe): vLLM's CPU attention has kernels for a fixed list of head sizes, which holds 32 but not the default 24
 #: ("Unsupported CPU attention configuration"). The default set keeps 24, so its documented numbers stay.
@@ -156,15 +158,15 @@ def build_model(tok, hidden: int = MODEL["hidden"], layers: int = MODEL["layers"
     """A small random ``Qwen3ForCausalLM`` (tied embeddings, fp32) for ``tok``'s vocabulary.
 
     ``bos_token_id`` / ``eos_token_id`` are ``<|endoftext|>``, as in Qwen3-Base's ``config.json``. ``head_dim``
-    defaults to ``hidden // 4`` (4 query heads, 2 KV heads); Qwen3 lets it differ from that, as
-    :data:`VLLM_HEAD_DIM` needs.
+    defaults to ``hidden // 4`` (4 query heads); Qwen3 lets it differ from that, as :data:`VLLM_HEAD_DIM` needs.
     """
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim or hidden // 4, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim or hidden // 4,
+        max_position_embeddings=1024,
         tie_word_embeddings=True, bos_token_id=tok.convert_tokens_to_ids(EOS_TOKEN),
         eos_token_id=tok.convert_tokens_to_ids(EOS_TOKEN),
         pad_token_id=tok.pad_token_id, rope_theta=10000.0, torch_dtype="float32",
@@ -269,7 +271,7 @@ def warm_start(model, tok, train: list[dict], val: list[dict], steps: int = SFT[
 
 # ----------------------------------------------------------------------------- main
 def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VAL, log=print,
-          head_dim: int | None = None) -> dict:
+          head_dim: int = DEFAULT_HEAD_DIM) -> dict:
     """Build every asset under ``out`` unless the manifest already matches (then return it instantly).
 
     Args:
@@ -277,7 +279,7 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
         force: rebuild even when ``out/assets.json`` has version :data:`ASSET_VERSION`.
         n_train: RL training rows; n_val: validation rows (the warm start uses 4,000 further rows).
         log: progress sink (one line per phase).
-        head_dim: attention head size (default ``hidden // 4``, the default asset set; :data:`VLLM_HEAD_DIM` for
+        head_dim: attention head size (:data:`DEFAULT_HEAD_DIM`, the default asset set; :data:`VLLM_HEAD_DIM` for
             verl's vLLM rollout).
 
     Returns:
@@ -287,13 +289,12 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
         ValueError: ``out`` holds assets of another ``head_dim`` (use another ``--out``, or ``--force``).
     """
     manifest_path = out / "assets.json"
-    want_head_dim = head_dim or MODEL["hidden"] // 4
     if manifest_path.exists() and not force:
         m = json.loads(manifest_path.read_text())
         if m.get("version") == ASSET_VERSION:
-            have = m.get("head_dim", MODEL["hidden"] // 4)
-            if have != want_head_dim:
-                raise ValueError(f"{out} holds tiny assets with head_dim={have}, asked for head_dim={want_head_dim}: "
+            have = m.get("head_dim", DEFAULT_HEAD_DIM)
+            if have != head_dim:
+                raise ValueError(f"{out} holds tiny assets with head_dim={have}, asked for head_dim={head_dim}: "
                                  f"use another --out (STAPO_ASSETS) or --force")
             return m
     t0 = time.time()
@@ -334,7 +335,7 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
         "train_file": str(out / "data" / "train.parquet"), "val_file": str(out / "data" / "val.parquet"),
         "n_train": n_train, "n_val": n_val, "vocab_size": len(tok),
         "n_params": sum(p.numel() for p in model.parameters()), "sample_temperature": SAMPLE_TEMPERATURE,
-        "eos_token": EOS_TOKEN, "end_of_turn_token": END_OF_TURN, "model": dict(MODEL), "head_dim": want_head_dim,
+        "eos_token": EOS_TOKEN, "end_of_turn_token": END_OF_TURN, "model": dict(MODEL), "head_dim": head_dim,
         "sft": dict(SFT),
         "build_seconds": round(time.time() - t0, 1), **stats,
     }
@@ -362,11 +363,11 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild even if the manifest exists")
     ap.add_argument("--print-recipe-vars", action="store_true",
                     help="print model dir, train file and validation files (one a line) for recipes/common/cpu.sh")
-    ap.add_argument("--head-dim", type=int, default=None,
-                    help=f"attention head size (default hidden // 4 = {MODEL['hidden'] // 4}; "
-                         f"{VLLM_HEAD_DIM} for verl's vLLM rollout on CPU)")
+    ap.add_argument("--head-dim", type=int, default=DEFAULT_HEAD_DIM,
+                    help=f"attention head size (default {DEFAULT_HEAD_DIM}; {VLLM_HEAD_DIM} for verl's vLLM rollout "
+                         f"on CPU)")
     a = ap.parse_args(argv)
-    if a.head_dim is not None and a.head_dim <= 0:
+    if a.head_dim <= 0:
         ap.error(f"--head-dim {a.head_dim}: must be a positive integer")
     out = a.out.expanduser().resolve()
     manifest = out / "assets.json"

@@ -33,19 +33,6 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def linear_from_parameter(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``y = x W^T + b`` from the layer's current parameter (the signature of vLLM's ``layer.cpu_linear``).
-
-    Args:
-        x: ``[..., in_features]`` activations (the engine's dtype, e.g. bf16).
-        weight: ``[out_features, in_features]``, the layer's parameter as vLLM passes it at call time.
-        bias: ``[out_features]`` or None.
-    Returns:
-        ``[..., out_features]`` in ``x``'s dtype.
-    """
-    return torch.nn.functional.linear(x, weight, bias)
-
-
 def patch_cpu_unquantized_gemm(_module: ModuleType) -> None:
     """Wrap ``module.dispatch_cpu_unquantized_gemm`` so that 2-D weights compute from their parameter (idempotent).
 
@@ -74,7 +61,8 @@ def patch_cpu_unquantized_gemm(_module: ModuleType) -> None:
         weight = getattr(layer, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.is_meta or weight.ndim != 2:
             return orig(layer, remove_weight)
-        layer.cpu_linear = linear_from_parameter
+        # vLLM calls layer.cpu_linear(x, layer.weight, bias): the parameter as it is at call time
+        layer.cpu_linear = torch.nn.functional.linear
 
     dispatch_cpu_unquantized_gemm._stapo_cpu_patched = True
     layers_utils.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm

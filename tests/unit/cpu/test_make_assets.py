@@ -7,6 +7,8 @@ import json
 import random
 import re
 
+import pytest
+
 from stapo_verl.cpu import make_assets as M
 
 
@@ -65,3 +67,14 @@ def test_recipe_vars_are_the_three_lines_the_recipe_reads(tmp_path, capsys):
     assert "{" not in err and "640 validation rows" in err  # one progress line, no manifest dump
 
 
+
+
+def test_the_cached_set_of_another_head_dim_is_refused_by_name(tmp_path):
+    """The vLLM asset set (head_dim 32) and the default one (24) never stand in for each other; a manifest written
+    before head_dim was recorded is the default set."""
+    _cached(tmp_path)  # no "head_dim" key: an earlier build of the default set
+    assert M.build(tmp_path, head_dim=M.DEFAULT_HEAD_DIM)["version"] == M.ASSET_VERSION
+    with pytest.raises(ValueError, match=r"head_dim=24, asked for head_dim=32: .*--force"):
+        M.build(tmp_path, head_dim=M.VLLM_HEAD_DIM)
+    _cached(tmp_path, head_dim=M.VLLM_HEAD_DIM)
+    assert M.build(tmp_path, head_dim=M.VLLM_HEAD_DIM)["head_dim"] == 32
