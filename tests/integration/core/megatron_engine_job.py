@@ -26,6 +26,11 @@ from types import SimpleNamespace
 
 # STAPO_JOB_DEVICE=cuda: the same job on a GPU in bf16 (benchmarks/gpu_check.sh; never in CI)
 DEVICE = os.environ.get("STAPO_JOB_DEVICE", "cpu")
+# STAPO_JOB_WEIGHTS=bridge: verl's default weight path, Megatron-Bridge (megatron.vanilla_mbridge=False; the
+# STAPO_STACK=bridge environment), with verl's per-tensor export to the rollout as the export; mbridge otherwise
+WEIGHTS = os.environ.get("STAPO_JOB_WEIGHTS", "mbridge")
+if WEIGHTS not in ("mbridge", "bridge"):
+    raise SystemExit(f"STAPO_JOB_WEIGHTS={WEIGHTS!r}: allowed mbridge, bridge")
 if DEVICE == "cpu":
     os.environ.setdefault("VERL_PLATFORM", "cpu")
 else:
@@ -77,7 +82,7 @@ def build_engine(model_dir, tp, pp):
 
     model_cfg = HFModelConfig(path=model_dir)
     engine_cfg = McoreEngineConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                   vanilla_mbridge=True, use_distributed_optimizer=False,
+                                   vanilla_mbridge=WEIGHTS == "mbridge", use_distributed_optimizer=WEIGHTS == "bridge",
                                    override_transformer_config={"sequence_parallel": False},
                                    micro_batch_size_per_gpu=MICRO, use_dynamic_bsz=False, seed=0)
     if DEVICE == "cpu":
@@ -91,8 +96,14 @@ def build_engine(model_dir, tp, pp):
 
 
 def export_hf(engine):
-    """{hf_name: full fp32 tensor} of the engine's weights, gathered over TP/PP by the bridge (collective)."""
-    return {k: v.detach().float().cpu().clone() for k, v in engine.bridge.export_weights(engine.module)}
+    """{hf_name: full fp32 tensor} of the engine's weights, gathered over TP/PP by the bridge (collective): mbridge's
+    ``export_weights``, or for Megatron-Bridge verl's own per-tensor export to the rollout (``get_per_tensor_param``,
+    Megatron-Bridge's ``export_hf_weights``)."""
+    if engine.vanilla_bridge:
+        per_tensor = engine.bridge.export_weights(engine.module)
+    else:
+        per_tensor, _peft = engine.get_per_tensor_param()
+    return {k: v.detach().float().cpu().clone() for k, v in per_tensor}
 
 
 def export_grads(engine, grads):
@@ -208,6 +219,7 @@ def main(out_path, model_dir, tp, pp):
     engine = build_engine(model_dir, tp, pp)
     dp_rank, dp_size = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
     report = {"device": get_device_name(), "dp_size": dp_size, "engine": type(engine).__name__,
+              "bridge": f"{type(engine.bridge).__module__}.{type(engine.bridge).__name__}",
               "wrapped": engine_workers.ppo_loss is core_losses.ppo_loss}
 
     # 1. old-policy pass (infer_batch, calculate_entropy=True), every DP rank on its share
