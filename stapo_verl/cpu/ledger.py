@@ -484,7 +484,8 @@ BRIDGE_PATCHES: tuple[Patch, ...] = (
     Patch(
         symbol="megatron.bridge.peft.lora_layers.te",
         action="executed with stand-ins for transformer_engine / transformer_engine.pytorch (Linear, LayerNormLinear, "
-        "ops.Sequential) in sys.modules, removed again when it finishes (stapo_verl.cpu.megatron_shims.te_names)",
+        "ops.Sequential) in sys.modules, removed again when it finishes, by a finder first on sys.meta_path that "
+        "wraps its loader (stapo_verl.cpu.megatron_shims.te_names)",
         why="it imports transformer_engine.pytorch unguarded and subclasses te.Linear at import; Transformer Engine "
         "cannot run without CUDA, and a transformer_engine importable by everyone would make megatron-core and "
         "modelopt take its code paths. The stand-ins refuse to be built: no TE layer exists on the CPU",
@@ -555,6 +556,26 @@ BRIDGE_PATCHES: tuple[Patch, ...] = (
         "mixed_precision_wrapper: Callable[[Any, MegatronModule], MegatronModule] | None=Float16Module, "
         "pg_collection: ProcessGroupCollection | None=None) -> list[ModelT]",
         source_sha256="c434fcb2a3a563cd635313c0bf1d814cea74d10b89208187db57a21cc48d83ff",
+    ),
+    Patch(
+        symbol="megatron.training.models.dist_utils.torch",
+        action="rebound to a TorchOnCPU (stapo_verl.cpu.megatron_shims.megatron_bridge._stay_on_cpu → "
+        "torch_proxy.install_into)",
+        why="_ddp_wrap (called by Megatron-Bridge's get_model) builds the DDP wrappers on torch.cuda.Stream(); the "
+        "proxy's streams are torch's CPU no-op streams (torch.cpu.Stream)",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="import torch",
+    ),
+    Patch(
+        symbol="megatron.bridge.models.conversion.param_mapping.torch",
+        action="rebound to a TorchOnCPU (stapo_verl.cpu.megatron_shims.megatron_bridge._stay_on_cpu → "
+        "torch_proxy.install_into)",
+        why="ReplicatedMapping.hf_to_megatron moves a replicated weight to torch.cuda.current_device() before the TP "
+        "broadcast (TP > 1)",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="import torch",
     ),
     Patch(
         symbol="megatron.bridge.models.model_provider.torch",
