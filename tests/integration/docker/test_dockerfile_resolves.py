@@ -9,6 +9,7 @@ package index's metadata only: no wheel is downloaded. It needs the network (CI 
 
 from __future__ import annotations
 
+import io
 import re
 import shlex
 import subprocess
@@ -33,8 +34,7 @@ def dockerfile_requirements(text: str) -> list[str]:
     """
     import dockerfile_parse  # test extra (setup.cfg)
 
-    parser = dockerfile_parse.DockerfileParser(fileobj=None)
-    parser.content = text
+    parser = dockerfile_parse.DockerfileParser(fileobj=io.BytesIO(text.encode()))  # in memory: writes no file
     args = {}
     for ins in parser.structure:
         if ins["instruction"] == "ARG" and "=" in ins["value"]:
