@@ -32,7 +32,9 @@
 #     TIS next to FP8)                       -> fp32 on FSDP (PRECISION=fp8 is rejected here)
 #   Transformer Engine layer spec            -> Megatron-Core local spec (stapo_verl CPU shims)
 #   Megatron-Bridge weight path
-#     (vanilla_mbridge=False)                -> mbridge (vanilla_mbridge=True); engine and loss path same
+#     (vanilla_mbridge=False)                -> default stack: mbridge (vanilla_mbridge=True); engine and loss path
+#                                               same. STAPO_STACK=bridge (.venv-bridge, the image's versions):
+#                                               Megatron-Bridge itself (stapo_verl.cpu.megatron_shims)
 #   Megatron sequence parallelism            -> off (override_transformer_config.sequence_parallel=False)
 #   context parallelism (CP > 1)             -> CP = 1
 #   param / optimizer offload                -> off (OFFLOAD=0: there is no device memory to free)
