@@ -10,9 +10,8 @@
 # 5.9.0, TransferQueue 0.1.11, tensordict 0.10.0, and this package. Already importable packages are used as they are;
 # WHEELS=dir is installed first with `pip install --no-deps --no-index` (at most 64 MiB in all: the limit of what
 # travels to a lent GPU machine; the check refuses a larger directory). --fetch-wheels downloads the pinned ones
-# (Python 3.12, manylinux x86_64, --no-deps) and prints their total size (17 MiB with this package); dependencies
-# the GPU machine lacks (ray,
-# pandas, pyarrow, ... verl's own) must be added the same way or be there already.
+# (Python 3.12, manylinux x86_64, --no-deps) and prints their total size (17 MiB with this package); dependencies the
+# GPU machine lacks (ray, pandas, pyarrow, ... verl's own) must be added the same way or be there already.
 #
 # What cannot travel in 64 MiB and is therefore not run: vLLM 0.24 (a CUDA wheel of hundreds of MB) and Transformer
 # Engine (a source build). Without Transformer Engine, part 2 builds Megatron-Core's local layer spec through the
