@@ -25,6 +25,7 @@ import os
 import warnings
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
+from types import MappingProxyType
 
 from stapo_verl.cpu.megatron_shims.core import PROXIED_MODULES
 from stapo_verl.integration.source_fingerprint import ledger_mismatches
@@ -454,12 +455,12 @@ MBRIDGE_PATCHES: tuple[Patch, ...] = (
 #: the megatron-core bodies of MEGATRON_CORE_PATCHES that changed between 0.16.1 and 0.18.0, as 0.18.0 has them. Both
 #: changes leave what the shim relies on as it was: clip_grad_by_total_norm_fp32 gained a tensor clip coefficient branch
 #: (the param.type() assert is unchanged), DistributedOptimizer.__init__ a comment and a re-formatted tuple assignment.
-_MEGATRON_CORE_0_18_SOURCES = {
+_MEGATRON_CORE_0_18_SOURCES = MappingProxyType({
     "megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32":
         "19d15a603c4a9b101695004efdab1adc0e3d02933bfdb9f7a7b32c2696ae3785",
     "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.__init__":
         "c93fc09b478d0a678b322f9b1dd92c5f65dd4dab1f0a6cc9861627dacc03461f",
-}
+})
 
 
 def megatron_core_patches() -> tuple[tuple[Patch, ...], str]:

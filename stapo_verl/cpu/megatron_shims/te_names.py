@@ -29,14 +29,15 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from types import MappingProxyType
 
 #: the Megatron-Bridge modules that import Transformer Engine unguarded at import time
 IMPORTERS = ("megatron.bridge.peft.lora_layers", "megatron.bridge.peft.lora")
 #: what they read from it at import time: module → names (``ops`` is a namespace of its own)
-NAMES = {
+NAMES = MappingProxyType({
     "transformer_engine.pytorch": ("Linear", "LayerNormLinear", "ops"),
     "transformer_engine.pytorch.ops": ("Sequential",),
-}
+})
 _STAND_IN = "_stapo_cpu_te_stand_in"
 
 
@@ -64,7 +65,7 @@ class _StandInModule(types.ModuleType):
 
         raise IncompatibleSiteError(
             f"{self.__name__}.{name}: read by a Megatron-Bridge module at import, but the CPU platform's Transformer "
-            f"Engine stand-in holds only {NAMES} (stapo_verl.cpu.megatron_shims.te_names.NAMES): Megatron-Bridge "
+            f"Engine stand-in holds only {dict(NAMES)} (stapo_verl.cpu.megatron_shims.te_names.NAMES): Megatron-Bridge "
             "differs from 0.5.1; add the name there if it is only named, not computed with")
 
 
