@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 
-from stapo_verl.cpu.megatron_shims.bridge import _module_cuda_is_noop
+from stapo_verl.cpu.megatron_shims.bridge import without_cuda_moves
 from stapo_verl.cpu.megatron_shims.torch_proxy import install_into
 
 
@@ -53,17 +53,7 @@ def _stay_on_cpu() -> None:
     install_into(model_provider)
     install_into(dist_utils)
     install_into(param_mapping)
-    orig = model_provider.get_model
-    if getattr(orig, "_stapo_cpu", False):
-        return
-
-    @functools.wraps(orig)
-    def get_model(*args, **kwargs):
-        with _module_cuda_is_noop():
-            return orig(*args, **kwargs)
-
-    get_model._stapo_cpu = True
-    model_provider.get_model = get_model
+    model_provider.get_model = without_cuda_moves(model_provider.get_model)
 
 
 def install() -> None:
