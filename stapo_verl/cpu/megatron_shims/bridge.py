@@ -85,22 +85,27 @@ def _module_cuda_is_noop():
         Module.cuda = prev
 
 
+def without_cuda_moves(fn):
+    """``fn`` wrapped so that ``nn.Module.cuda`` is a no-op while it runs (``fn`` itself if it already is); for the
+    bridges' ``get_model``, which moves every model chunk to ``torch.cuda.current_device()``."""
+    if getattr(fn, "_stapo_cpu", False):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with _module_cuda_is_noop():
+            return fn(*args, **kwargs)
+
+    wrapped._stapo_cpu = True
+    return wrapped
+
+
 def _stay_on_cpu() -> None:
     from mbridge.core import bridge, util
 
     install_into(util)
     install_into(bridge)
-    orig = util.get_model
-    if getattr(orig, "_stapo_cpu", False):
-        return
-
-    @functools.wraps(orig)
-    def get_model(*args, **kwargs):
-        with _module_cuda_is_noop():
-            return orig(*args, **kwargs)
-
-    get_model._stapo_cpu = True
-    util.get_model = bridge.get_model = get_model
+    util.get_model = bridge.get_model = without_cuda_moves(util.get_model)
 
 
 def install() -> None:

@@ -8,6 +8,7 @@ megatron modules* to a :class:`TorchOnCPU` object (one per module, held by that 
 attribute to the real ``torch`` (cached on first use, so later lookups are plain module-dict hits) except:
 
 * ``torch.cuda.current_device()`` → ``torch.device("cpu")``; ``synchronize``/``empty_cache`` → no-ops;
+  ``Stream``/``current_stream``/``stream`` → torch's CPU stream API (``torch.cpu.Stream``: no-op streams);
   ``get_rng_state``/``set_rng_state``/``manual_seed`` → torch's CPU generator (the RNG tracker's fork then forks
   the CPU generator, as it forks the CUDA one on a GPU);
 * the tensor factories ``zeros``/``ones``/``empty``/``full``/``tensor``/``arange`` with ``device`` ``"cuda"``
@@ -59,6 +60,11 @@ class CudaOnCPU(types.ModuleType):
         self.manual_seed = lambda seed: torch.manual_seed(seed)
         self.manual_seed_all = lambda seed: torch.manual_seed(seed)
         self.device_count = lambda: 1
+        # side streams (Megatron-Bridge's DDP wrap, megatron/training/models/dist_utils.py): torch's CPU stream API,
+        # whose streams are no-ops
+        self.Stream = torch.cpu.Stream
+        self.current_stream = torch.cpu.current_stream
+        self.stream = torch.cpu.stream
 
     def __getattr__(self, name):
         value = getattr(torch.cuda, name)

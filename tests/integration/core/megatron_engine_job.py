@@ -22,10 +22,16 @@ compare element-wise. Rank 0 writes the report.
 import functools
 import os
 import sys
+import time
 from types import SimpleNamespace
 
 # STAPO_JOB_DEVICE=cuda: the same job on a GPU in bf16 (benchmarks/gpu_check.sh; never in CI)
 DEVICE = os.environ.get("STAPO_JOB_DEVICE", "cpu")
+# STAPO_JOB_WEIGHTS=bridge: verl's default weight path, Megatron-Bridge (megatron.vanilla_mbridge=False; the
+# STAPO_STACK=bridge environment), with verl's per-tensor export to the rollout as the export; mbridge otherwise
+WEIGHTS = os.environ.get("STAPO_JOB_WEIGHTS", "mbridge")
+if WEIGHTS not in ("mbridge", "bridge"):
+    raise SystemExit(f"STAPO_JOB_WEIGHTS={WEIGHTS!r}: allowed mbridge, bridge")
 if DEVICE == "cpu":
     os.environ.setdefault("VERL_PLATFORM", "cpu")
 else:
@@ -77,7 +83,7 @@ def build_engine(model_dir, tp, pp):
 
     model_cfg = HFModelConfig(path=model_dir)
     engine_cfg = McoreEngineConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                   vanilla_mbridge=True, use_distributed_optimizer=False,
+                                   vanilla_mbridge=WEIGHTS == "mbridge", use_distributed_optimizer=WEIGHTS == "bridge",
                                    override_transformer_config={"sequence_parallel": False},
                                    micro_batch_size_per_gpu=MICRO, use_dynamic_bsz=False, seed=0)
     if DEVICE == "cpu":
@@ -91,8 +97,14 @@ def build_engine(model_dir, tp, pp):
 
 
 def export_hf(engine):
-    """{hf_name: full fp32 tensor} of the engine's weights, gathered over TP/PP by the bridge (collective)."""
-    return {k: v.detach().float().cpu().clone() for k, v in engine.bridge.export_weights(engine.module)}
+    """{hf_name: full fp32 tensor} of the engine's weights, gathered over TP/PP by the bridge (collective): mbridge's
+    ``export_weights``, or for Megatron-Bridge verl's own per-tensor export to the rollout (``get_per_tensor_param``,
+    Megatron-Bridge's ``export_hf_weights``)."""
+    if engine.vanilla_bridge:
+        per_tensor = engine.bridge.export_weights(engine.module)
+    else:
+        per_tensor, _peft = engine.get_per_tensor_param()
+    return {k: v.detach().float().cpu().clone() for k, v in per_tensor}
 
 
 def export_grads(engine, grads):
@@ -108,16 +120,65 @@ def export_grads(engine, grads):
             p.data = d
 
 
-def train_step(engine, full, route, dp_rank, dp_size):
-    """One ``train_batch`` through the plugin's ``TrainingWorker.train_batch`` wrapper; returns what rank 0 reports."""
+def route_config(loss_mode, token_mask):
+    """The actor config of a route; τ_p = 0.03 because on the random tiny model p ≈ 1/64, so candidates exist."""
+    return actor_config(loss_mode, token_mask, tau_p=0.03)
+
+
+def run_train_batch(engine, td, cfg):
+    """One optimizer step: the plugin's own ``TrainingWorker.train_batch`` wrapper around a minimal worker (the engine
+    and the plugin's ``ppo_loss`` with actor config ``cfg``); returns the output rank's metrics TensorDict (else None)."""
     from verl.utils import tensordict_utils as tu
 
     from stapo_verl.core import losses as core_losses
     from stapo_verl.integration.verl_0_9_1.training_worker import wrap_train_batch
 
+    worker = SimpleNamespace(engine=engine, loss_fn=functools.partial(core_losses.ppo_loss, config=cfg))
+
+    def engine_train_batch(self, data):  # TrainingWorker.train_batch's core: engine.train_batch, metrics out
+        result = self.engine.train_batch(data, loss_function=self.loss_fn)
+        if not self.engine.is_mp_src_rank_with_outputs():  # as verl: only the output rank returns metrics
+            return None
+        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": result["metrics"]})
+
+    with engine.train_mode():
+        return wrap_train_batch(engine_train_batch)(worker, td)
+
+
+def timed_pairs(engine, full, pairs, dp_rank, dp_size):
+    """``pairs`` interleaved optimizer steps of ``loss_mode=stapo`` and ``vanilla`` on the same mini-batch (the order
+    alternating, A B, B A, ...), each timed from the batch's hand-over to the step's end (device synchronized).
+
+    Returns: {"stapo": [s, ...], "vanilla": [s, ...]} wall seconds per step, and the per-pair ratios stapo/vanilla.
+    """
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.device import get_torch_device
+
+    cfgs = {"stapo": route_config("stapo", None), "vanilla": route_config("vanilla", None)}
+    walls = {"stapo": [], "vanilla": []}
+    for i in range(pairs):
+        for name in (("stapo", "vanilla") if i % 2 == 0 else ("vanilla", "stapo")):
+            td = dp_shard(full.clone(), dp_rank, dp_size)
+            tu.assign_non_tensor(td, calculate_entropy=False)
+            get_torch_device().synchronize()
+            dist.barrier()
+            t0 = time.perf_counter()
+            run_train_batch(engine, td, cfgs[name])
+            get_torch_device().synchronize()
+            walls[name].append(time.perf_counter() - t0)
+    walls["ratios"] = [s / v for s, v in zip(walls["stapo"], walls["vanilla"])]
+    return walls
+
+
+def train_step(engine, full, route, dp_rank, dp_size):
+    """One ``train_batch`` through the plugin's ``TrainingWorker.train_batch`` wrapper; returns what rank 0 reports."""
+    from verl.utils import tensordict_utils as tu
+
+    from stapo_verl.core import losses as core_losses
+
     td = dp_shard(full.clone(), dp_rank, dp_size)
     _, loss_mode, token_mask = next(r for r in ROUTES if r[0] == route)
-    cfg = actor_config(loss_mode, token_mask, tau_p=0.03)  # random tiny model: p ≈ 1/64 ⇒ candidates exist
+    cfg = route_config(loss_mode, token_mask)
     tu.assign_non_tensor(td, calculate_entropy=False)
     seen = []
     orig_loss, orig_get_policy_loss_fn = core_losses.ppo_loss, core_losses.get_policy_loss_fn
@@ -147,18 +208,8 @@ def train_step(engine, full, route, dp_rank, dp_size):
 
     engine.optimizer_step = capturing_step
     before = export_hf(engine)
-    # the plugin's own TrainingWorker.train_batch wrapper around a minimal worker (engine + the plugin's ppo_loss)
-    worker = SimpleNamespace(engine=engine, loss_fn=functools.partial(core_losses.ppo_loss, config=cfg))
-
-    def engine_train_batch(self, data):  # TrainingWorker.train_batch's core: engine.train_batch, metrics out
-        result = self.engine.train_batch(data, loss_function=self.loss_fn)
-        if not self.engine.is_mp_src_rank_with_outputs():  # as verl: only the output rank returns metrics
-            return None
-        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": result["metrics"]})
-
     try:
-        with engine.train_mode():
-            output = wrap_train_batch(engine_train_batch)(worker, td)
+        output = run_train_batch(engine, td, cfg)
     finally:
         core_losses.ppo_loss, core_losses.get_policy_loss_fn = orig_loss, orig_get_policy_loss_fn
         del engine.optimizer_step
@@ -181,9 +232,17 @@ def _local_spec_without_te():
     try:
         import transformer_engine  # noqa: F401
     except ImportError:
-        from stapo_verl.cpu.megatron_shims import bridge, core
+        from stapo_verl.cpu.megatron_shims import core
 
-        bridge.install()
+        if WEIGHTS == "bridge":  # Transformer Engine's names for Megatron-Bridge's import, then its local spec
+            from stapo_verl.cpu.megatron_shims import megatron_bridge, te_names
+
+            te_names.install()
+            megatron_bridge._local_layer_spec()
+        else:
+            from stapo_verl.cpu.megatron_shims import bridge
+
+            bridge.install()
         core._thd_attention()
         core._no_fused_softmax()
 
@@ -208,6 +267,7 @@ def main(out_path, model_dir, tp, pp):
     engine = build_engine(model_dir, tp, pp)
     dp_rank, dp_size = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
     report = {"device": get_device_name(), "dp_size": dp_size, "engine": type(engine).__name__,
+              "bridge": f"{type(engine.bridge).__module__}.{type(engine.bridge).__name__}",
               "wrapped": engine_workers.ppo_loss is core_losses.ppo_loss}
 
     # 1. old-policy pass (infer_batch, calculate_entropy=True), every DP rank on its share
@@ -245,6 +305,9 @@ def main(out_path, model_dir, tp, pp):
     report["rows"] = [(p, r) for p, r in zip(full["prompts"].unbind(), full["responses"].unbind())]
     for route, _, _ in ROUTES:
         report[route] = train_step(engine, full, route, dp_rank, dp_size)
+    pairs = int(os.environ.get("STAPO_JOB_TIMED_PAIRS", "0"))  # benchmarks/gpu_check.sh: STAPO vs vanilla step time
+    if pairs:
+        report["timed_pairs"] = timed_pairs(engine, full, pairs, dp_rank, dp_size)
     if rank == 0:
         torch.save(report, out_path)
     dist.barrier()

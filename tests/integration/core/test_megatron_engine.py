@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.megatron_launch import hf_model as _hf_model
 from support.megatron_launch import make_model_dir, run_job
+from support.megatron_launch import reference as _reference
 from support.current_minibatch_checks import check_current_route, check_exact_renormalisation
 
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 1, 2), "pp2": (1, 2, 2), "dp2": (1, 1, 2)}  # name: (tp, pp, world)
@@ -37,24 +39,6 @@ def runs(tmp_path_factory):
         out[name] = torch.load(root / f"{name}.pt", weights_only=False)
     print("megatron engine job wall s per layout (2 shared cores):", out["wall_s"])
     return out
-
-
-def _hf_model(model_dir, state_dict):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-    missing, unexpected = model.load_state_dict(state_dict, strict=False)
-    assert not unexpected and not missing, (missing, unexpected)
-    return model.eval()
-
-
-def _reference(model, prompt, response, temperature):
-    """Unsharded fp64 entropy and log-prob of each response token (predicted at the position before it)."""
-    ids = torch.cat([prompt, response])
-    with torch.no_grad():
-        logits = model(input_ids=ids[None]).logits[0].double() / temperature
-    logp = torch.log_softmax(logits, -1)[len(prompt) - 1: len(ids) - 1]
-    return -(logp.exp() * logp).sum(-1), logp.gather(-1, response[:, None]).squeeze(-1)
 
 
 def _micro_batches(step):

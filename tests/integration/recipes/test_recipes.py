@@ -406,6 +406,21 @@ def test_tiny_engine_switch_selects_megatron_on_two_virtual_gpus():
     assert proc.returncode == 2 and "ENGINE='deepspeed' (allowed: megatron fsdp)" in proc.stderr
 
 
+def test_tiny_bridge_stack_selects_verls_default_weight_path():
+    """STAPO_STACK=bridge (the image's stack, .venv-bridge): Megatron-Bridge, sequence parallelism off by verl's own
+    key; only with the CPU rollout; an unknown stack is refused by name."""
+    (overrides,) = _overrides("recipes/tiny_cpu_stapo.sh", [], env={"ENGINE": "megatron", "STAPO_STACK": "bridge"})
+    report, text = _dry(overrides)
+    assert report.ok, text
+    megatron = report.config.actor_rollout_ref.actor.megatron
+    assert megatron.use_mbridge is True and megatron.vanilla_mbridge is False and megatron.sequence_parallel is False
+    assert "sequence_parallel" not in megatron.override_transformer_config
+    proc = _bash(["recipes/tiny_cpu_stapo.sh", "--print-overrides"], env={"STAPO_STACK": "bridge", "ROLLOUT": "vllm"})
+    assert proc.returncode == 2 and "STAPO_STACK=bridge runs ROLLOUT=cpu only" in proc.stderr
+    proc = _bash(["recipes/tiny_cpu_stapo.sh", "--print-overrides"], env={"STAPO_STACK": "gpu"})
+    assert proc.returncode == 2 and "STAPO_STACK='gpu' (allowed: default, bridge)" in proc.stderr
+
+
 def test_tiny_dataloader_workers_fit_the_machine():
     """verl's default of 8 DataLoader workers on 2 cores were killed at shutdown: the tiny run loads in-process."""
     (overrides,) = _overrides("recipes/tiny_cpu_stapo.sh", [])

