@@ -327,6 +327,27 @@ def _check_data(config) -> Check:
     return Check(report.detail, report.status, report.warnings)
 
 
+def _memory_plan(config) -> Check:
+    """The memory plan of the composed config on the recipes' GPU (:mod:`stapo_verl.launch.memory_plan`), printed
+    phase by phase.
+
+    Returns:
+        SKIPPED for an FSDP actor or a model whose shape is unknown here.
+    Raises:
+        RecipeRuleError: a phase exceeds :data:`~stapo_verl.launch.memory_plan.DEFAULT_GPU_GB` (the plan is the
+            message, with the options that lower it).
+    """
+    from stapo_verl.launch.memory_plan import plan_for_config
+
+    plan, why = plan_for_config(config)
+    if plan is None:
+        return Check(f"not planned: {why}", "SKIPPED")
+    text = "\n".join(plan.lines())
+    if not plan.fits:
+        raise recipe_rules.RecipeRuleError(text)
+    return Check(f"peak {plan.peak.name} {plan.peak.total_gb:.1f} of {plan.gpu_gb:.0f} GB\n{text}")
+
+
 def _format_exception(exc: BaseException) -> str:
     from stapo_verl.launch.errors import config_cause, config_error_message
 
@@ -396,6 +417,7 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
         ("TaskRunnerV1.run up to transfer_queue.init", _run_task_runner),
         ("worker config dataclasses", _build_worker_configs),
         ("recipe checks (Megatron/vLLM start-up rules)", recipe_rules.recipe_checks),
+        ("memory plan (per GPU and phase)", _memory_plan),
         ("training length (epochs x rows, last-step checkpoint/validation)", recipe_rules.check_training_length),
         ("HFModelConfig + model shape", _build_model_config),
         ("stop tokens reaching the rollout", recipe_rules.check_stop_tokens),
