@@ -348,6 +348,14 @@ def _memory_plan(config) -> Check:
     return Check(f"peak {plan.peak.name} {plan.peak.total_gb:.1f} of {plan.gpu_gb:.0f} GB\n{text}")
 
 
+def _preflight(config) -> Check:
+    """:func:`stapo_verl.launch.preflight.as_dry_run_check`: what the launch's preflight would refuse, as warnings
+    (the GPU checks need the cluster's node). Raises nothing."""
+    from stapo_verl.launch.preflight import as_dry_run_check
+
+    return as_dry_run_check(config)
+
+
 def _format_exception(exc: BaseException) -> str:
     from stapo_verl.launch.errors import config_cause, config_error_message
 
@@ -422,6 +430,7 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
         ("HFModelConfig + model shape", _build_model_config),
         ("stop tokens reaching the rollout", recipe_rules.check_stop_tokens),
         ("data files (columns, data sources, prompt lengths)", _check_data),
+        ("preflight, GPU-free checks (trackers, paths, stop-token folder)", _preflight),
         ("Ray resource pools, Megatron/vLLM init", lambda _: Check("need GPUs and a Ray cluster", "SKIPPED")),
     )
     if not all(step(name, fn) for name, fn in steps):  # stops at the first failure
