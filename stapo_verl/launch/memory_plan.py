@@ -47,6 +47,7 @@ import dataclasses
 import json
 import math
 import os
+import types
 from dataclasses import dataclass
 
 GB = 1e9
@@ -117,11 +118,11 @@ def shape_from_hf(cfg: dict) -> ModelShape:
 
 
 #: ``config.json`` of the models the recipes train (https://huggingface.co/Qwen/Qwen3-1.7B-Base, -8B-Base, -14B-Base)
-KNOWN_MODELS = {
+KNOWN_MODELS = types.MappingProxyType({
     "qwen3-1.7b": ModelShape(2048, 28, 16, 8, 128, 6144, 151936, tied=True),
     "qwen3-8b": ModelShape(4096, 36, 32, 8, 128, 12288, 151936),
     "qwen3-14b": ModelShape(5120, 40, 40, 8, 128, 17408, 151936),
-}
+})
 
 
 def model_shape(model_path: str) -> tuple[ModelShape | None, str]:

@@ -35,6 +35,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -46,10 +47,11 @@ from stapo_verl.launch.recipe_rules import STOP_KEY, Check
 PREFIX = "[stapo preflight]"
 #: the lowest driver branch each CUDA major version runs on (minor-version compatibility; NVIDIA CUDA compatibility
 #: guide, Table "CUDA Toolkit and Minimum Required Driver Version")
-MIN_DRIVER = {13: 580, 12: 525, 11: 450}
+MIN_DRIVER = types.MappingProxyType({13: 580, 12: 525, 11: 450})
 #: modules the production route imports, by distribution (import name, when the config needs it)
-ROUTE_MODULES = {"vllm": "vllm", "megatron-core": "megatron.core", "transformer-engine": "transformer_engine",
-                 "megatron-bridge": "megatron.bridge", "nvidia-modelopt": "modelopt"}
+ROUTE_MODULES = types.MappingProxyType({
+    "vllm": "vllm", "megatron-core": "megatron.core", "transformer-engine": "transformer_engine",
+    "megatron-bridge": "megatron.bridge", "nvidia-modelopt": "modelopt"})
 #: wandb modes that need no credentials
 WANDB_OFFLINE = ("offline", "disabled", "dryrun")
 
