@@ -84,6 +84,9 @@ train)
         exit $?
     fi
     stapo_check_ray
+    # Seconds, before Ray: the driver, GPUs, the route's versions, trackers, paths and the memory plan
+    # (stapo_verl/launch/preflight.py); each failure names the value found, the value needed and the fix.
+    "$PY" -m stapo_verl.launch.preflight "${STAPO_OVERRIDES[@]}" || exit $?
     stapo_write_generation_config
     # CUDA_DEVICE_MAX_CONNECTIONS is left to verl (constants_ppo.py sets it for Megatron on Hopper).
     exec "$PY" -m verl.trainer.main_ppo "${STAPO_OVERRIDES[@]}"

@@ -99,7 +99,12 @@ stapo_size_defaults() {
         : "${FULL_DETERMINISM:=True}"
         STAPO_SIZE_OVERRIDES+=(
             data.seed=1
-            data.truncation=left
+            # Prompt lengths: every synthetic prompt fits data.max_prompt_length (make_assets builds them so), and the
+            # launcher counts every prompt's tokens before Ray (stapo_verl/launch/data_checks.py), so verl's own
+            # filter pass (a datasets.filter over every row at start-up) is off. A longer prompt (your own data) then
+            # stops the run before Ray, naming the fixes; it is never truncated silently. verl's agent loop would
+            # left-truncate it whatever data.truncation says; truncation=error says the run does not ask for that.
+            data.truncation=error
             data.filter_overlong_prompts=False
             actor_rollout_ref.rollout.calculate_log_probs=True
             trainer.max_actor_ckpt_to_keep=2

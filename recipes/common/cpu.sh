@@ -303,7 +303,7 @@ stapo_cpu_train() {
     set -e
     case $rc in
     3) return 0 ;; # already complete: nothing was run
-    2) stapo_die "the overrides do not compose with verl's config (message above)" ;;
+    2) stapo_die "nothing was started: the config, the data or the verl is wrong (the line above names the fix)" ;;
     esac
     end=$(date +%s)
     wall=$((end - start))

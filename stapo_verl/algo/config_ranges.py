@@ -27,7 +27,17 @@ ACTOR = "actor_rollout_ref.actor"
 
 
 class StapoConfigError(ValueError):
-    """An invalid value; the message names the full config key and what is allowed."""
+    """An invalid value; the message names the full config key and what is allowed.
+
+    Attributes:
+        key: the full config key, when one key is at fault (None for a cross-key rule).
+        value: its value.
+        allowed: what :data:`RANGES` allows for it (None when the message says it).
+    """
+
+    def __init__(self, message: str, *, key: str | None = None, value: Any = None, allowed: str | None = None):
+        super().__init__(message)
+        self.key, self.value, self.allowed = key, value, allowed
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,8 @@ def check_range(key: str, value):
     """
     rule = RANGES[key]
     if not rule.test(value):
-        raise StapoConfigError(f"{KEY}.{key}={value!r} is out of range: allowed {rule.allowed}")
+        raise StapoConfigError(f"{KEY}.{key}={value!r} is out of range: allowed {rule.allowed}",
+                               key=f"{KEY}.{key}", value=value, allowed=rule.allowed)
     return value
 
 

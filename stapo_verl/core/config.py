@@ -144,7 +144,8 @@ def _coerce_scalar(name: str, value, kind: type):
     """
 
     def fail(allowed: str):
-        raise StapoConfigError(f"{_KEY}.{name}={value!r} ({type(value).__name__}): allowed {allowed}")
+        raise StapoConfigError(f"{_KEY}.{name}={value!r} ({type(value).__name__}): allowed {allowed}",
+                               key=f"{_KEY}.{name}", value=value, allowed=allowed)
 
     if kind is bool:
         return value if isinstance(value, bool) else fail("a bool (true/false, unquoted)")
@@ -301,7 +302,9 @@ class StapoPolicyLossConfig(PolicyLossConfig):
                 "stats_source=current_minibatch (the paper's current-policy statistics, exact) or old_policy"
             )
         if self.stats_source not in STATS_SOURCES:
-            raise StapoConfigError(f"{_KEY}.stats_source={self.stats_source!r}: allowed {list(STATS_SOURCES)}")
+            raise StapoConfigError(f"{_KEY}.stats_source={self.stats_source!r}: allowed {list(STATS_SOURCES)}",
+                                   key=f"{_KEY}.stats_source", value=self.stats_source,
+                                   allowed=" or ".join(STATS_SOURCES))
         self._check_mask_keys()
         if self.dump_tokens:
             if self.token_mask not in S2T_TOKEN_MASKS:

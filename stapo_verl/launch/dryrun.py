@@ -299,7 +299,69 @@ def _summary(config) -> list[tuple[str, Any]]:
     ]
 
 
+def _check_verl_version(_) -> str:
+    """The installed verl against the one the plugin was written for, before anything composes.
+
+    Raises:
+        DryRunError: :func:`stapo_verl.launch.errors.verl_gate_message` (both versions, the fix, the override).
+    """
+    from stapo_verl.integration.verl_0_9_1 import VERL_VERSION, allowed_anyway
+    from stapo_verl.launch.errors import installed_verl_problems, verl_gate_message
+
+    problems = installed_verl_problems()
+    gate = verl_gate_message(problems, allowed_anyway())
+    if gate:
+        raise DryRunError(gate)
+    return f"verl {VERL_VERSION}" if not problems else f"{problems[0]} (loaded anyway: STAPO_ALLOW_UNSUPPORTED_VERL=1)"
+
+
+def _check_data(config) -> Check:
+    """:func:`stapo_verl.launch.data_checks.check_data` on the files present here (tokenizer: a local model.path).
+
+    Raises:
+        stapo_verl.launch.data_checks.DataCheckError: naming the file, the column or value and the fix.
+    """
+    from stapo_verl.launch.data_checks import check_data
+
+    report = check_data(config, recipe_rules.local_model(config))
+    return Check(report.detail, report.status, report.warnings)
+
+
+def _memory_plan(config) -> Check:
+    """The memory plan of the composed config on the recipes' GPU (:mod:`stapo_verl.launch.memory_plan`), printed
+    phase by phase.
+
+    Returns:
+        SKIPPED for an FSDP actor or a model whose shape is unknown here.
+    Raises:
+        RecipeRuleError: a phase exceeds :data:`~stapo_verl.launch.memory_plan.DEFAULT_GPU_GB` (the plan is the
+            message, with the options that lower it).
+    """
+    from stapo_verl.launch.memory_plan import plan_for_config
+
+    plan, why = plan_for_config(config)
+    if plan is None:
+        return Check(f"not planned: {why}", "SKIPPED")
+    text = "\n".join(plan.lines())
+    if not plan.fits:
+        raise recipe_rules.RecipeRuleError(text)
+    return Check(f"peak {plan.peak.name} {plan.peak.total_gb:.1f} of {plan.gpu_gb:.0f} GB\n{text}")
+
+
+def _preflight(config) -> Check:
+    """:func:`stapo_verl.launch.preflight.as_dry_run_check`: what the launch's preflight would refuse, as warnings
+    (the GPU checks need the cluster's node). Raises nothing."""
+    from stapo_verl.launch.preflight import as_dry_run_check
+
+    return as_dry_run_check(config)
+
+
 def _format_exception(exc: BaseException) -> str:
+    from stapo_verl.launch.errors import config_cause, config_error_message
+
+    refused = config_cause(exc)
+    if getattr(refused, "key", None) is not None:  # a config value refused: the default and the fix, one line
+        return f"{type(refused).__module__}.{type(refused).__qualname__}: {config_error_message(refused)}"
     lines = [f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"]
     seen = {id(exc)}
     cur = exc.__cause__ or exc.__context__
@@ -355,6 +417,7 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
         return f"verl's trainer config with {len(overrides)} overrides"
 
     steps: tuple[tuple[str, Callable[[Any], str | Check]], ...] = (
+        ("verl version", _check_verl_version),
         ("hydra compose (main_ppo's config)", compose),
         ("plugin import + entry point + verl version", _check_plugin),
         ("main_ppo.main: auto_set_device + validate_config + run_ppo up to ray.init", lambda c: _run_main(c, report)),
@@ -362,10 +425,12 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
         ("TaskRunnerV1.run up to transfer_queue.init", _run_task_runner),
         ("worker config dataclasses", _build_worker_configs),
         ("recipe checks (Megatron/vLLM start-up rules)", recipe_rules.recipe_checks),
+        ("memory plan (per GPU and phase)", _memory_plan),
         ("training length (epochs x rows, last-step checkpoint/validation)", recipe_rules.check_training_length),
         ("HFModelConfig + model shape", _build_model_config),
         ("stop tokens reaching the rollout", recipe_rules.check_stop_tokens),
-        ("data files", recipe_rules.check_data_files),
+        ("data files (columns, data sources, prompt lengths)", _check_data),
+        ("preflight, GPU-free checks (trackers, paths, stop-token folder)", _preflight),
         ("Ray resource pools, Megatron/vLLM init", lambda _: Check("need GPUs and a Ray cluster", "SKIPPED")),
     )
     if not all(step(name, fn) for name, fn in steps):  # stops at the first failure

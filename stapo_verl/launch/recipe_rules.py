@@ -11,8 +11,9 @@ where named, the files it points at), raises :class:`RecipeRuleError` naming the
 * :func:`check_ray_address`: ``ray.init`` arguments Ray refuses when it connects to a running cluster;
 * :func:`check_model_shape`: layers and heads of a local model divide over TP / PP;
 * :func:`check_training_length`: the train parquet's rows (footer only) reach ``trainer.total_training_steps``;
-* :func:`check_stop_tokens`: the ids the rollout will stop at (:mod:`stapo_verl.launch.stop_tokens`);
-* :func:`check_data_files`: the data files exist here.
+* :func:`check_stop_tokens`: the ids the rollout will stop at (:mod:`stapo_verl.launch.stop_tokens`).
+
+The data files' columns, data sources and prompt lengths are :mod:`stapo_verl.launch.data_checks`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
-from stapo_verl.launch.compose import data_files, train_rows
+from stapo_verl.launch.compose import train_rows
 
 _A = "actor_rollout_ref"
 _TC = f"{_A}.actor.megatron.override_transformer_config"
@@ -323,13 +324,3 @@ def check_stop_tokens(config) -> Check:
     ids = "[" + ", ".join(f"{i} {stop.tokens.get(i, '?')}" for i in effective) + "]"
     source = "folder written at launch by stapo_verl.launch.stop_tokens" if pending else "as configured"
     return Check(f"{setting} ({source}): the rollout stops at {ids}", warnings=warnings, value=(DERIVED_STOP_IDS, ids))
-
-
-def check_data_files(config) -> Check:
-    """Whether ``data.train_files`` and ``data.val_files`` exist here (SKIPPED when some do not). Raises nothing."""
-    files = data_files(config.data.get("train_files")) + data_files(config.data.get("val_files"))
-    missing = [f for f in files if not os.path.exists(os.path.expanduser(f))]
-    if missing:
-        return Check(f"dataset loading not run; {len(missing)}/{len(files)} files absent here (fine for a dry-run)",
-                     "SKIPPED")
-    return Check(f"all {len(files)} data files exist (dataset loading itself not run)")

@@ -21,8 +21,13 @@ In one process, so verl and the plugin are imported once:
 4. When main_ppo returns or fails, ``RUN/metrics.jsonl`` becomes the whole run, one row per step
    (:func:`finish_metrics`). After a ``kill -9`` the next invocation does it (step 2 reads both files).
 
-Exit status: main_ppo's (0 = trained); :data:`EXIT_COMPLETE` = already complete, nothing run; 2 = the overrides do
-not compose (the message names the key).
+Before step 1, :func:`checked_config` stops with one line naming the fix, and exit status
+:data:`~stapo_verl.launch.errors.EXIT_CONFIG` (2), on a verl the plugin was not written for, overrides that do not
+compose, a config value the plugin refuses (with its default and the override that fixes it) and bad data files
+(columns, data sources, prompt lengths: :mod:`stapo_verl.launch.data_checks`).
+
+Exit status: main_ppo's (0 = trained); :data:`EXIT_COMPLETE` = already complete, nothing run; 2 = nothing started:
+the config, the data or the verl is wrong (the message names the key and the fix).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import sys
 import time
 
 from stapo_verl.launch.console import training_header
+from stapo_verl.launch.errors import EXIT_CONFIG
 from stapo_verl.launch.resume import PREFIX, complete_message, resume_state
 
 #: exit status when the run is already complete and nothing was run
@@ -114,8 +120,51 @@ def finish_metrics(run_dir: str) -> None:
         os.remove(history)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry (see the module docstring); returns the exit status."""
+def checked_config(overrides: list[str], verl_problems: list[str] | None = None):
+    """The composed config, or None after printing one error line (on stderr) for what would fail before training:
+    a verl the plugin was not written for, overrides that do not compose, a value the config refuses, bad data
+    (:mod:`stapo_verl.launch.errors`, :mod:`stapo_verl.launch.data_checks`).
+
+    Args:
+        overrides: the Hydra overrides.
+        verl_problems: :func:`stapo_verl.launch.errors.installed_verl_problems` (computed when None).
+    """
+    from stapo_verl.integration.verl_0_9_1 import allowed_anyway
+    from stapo_verl.launch import errors
+    from stapo_verl.launch.compose import compose_config
+
+    def fail(what: str, text: str) -> None:
+        print(f"{PREFIX} ERROR: {what}: {text}", file=sys.stderr, flush=True)
+
+    problems = errors.installed_verl_problems() if verl_problems is None else verl_problems
+    gate = errors.verl_gate_message(problems, allowed_anyway())
+    if gate:
+        return fail("wrong verl", gate)
+    try:
+        config = compose_config(overrides)
+    except Exception as exc:  # noqa: BLE001  (Hydra / OmegaConf / ValueError: the message names the key)
+        # one line (Hydra's messages span several: the reason and the "+key" hint would be hidden by the console)
+        cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
+        return fail("the overrides do not compose", " ".join(f"{type(exc).__name__}: {exc}{cause}".split()))
+    try:
+        errors.validate_policy_loss(config)
+    except Exception as exc:  # noqa: BLE001  (the plugin's StapoConfigError, verl's ValueError: one line)
+        return fail("invalid config", errors.config_error_message(exc))
+    from stapo_verl.launch.data_checks import DataCheckError, check_data
+    from stapo_verl.launch.recipe_rules import local_model
+
+    try:
+        report = check_data(config, local_model(config))
+    except (DataCheckError, OSError) as exc:
+        return fail("bad data", " ".join(str(exc).split()))
+    for line in report.warnings:
+        print(f"{PREFIX} WARNING: {line}", file=sys.stderr, flush=True)
+    return config
+
+
+def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) -> int:
+    """CLI entry (see the module docstring); returns the exit status. ``verl_problems``: as
+    :func:`checked_config`."""
     ap = argparse.ArgumentParser(prog="python -m stapo_verl.launch.train", description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", required=True, help="the run directory (metrics.jsonl lives there)")
     ap.add_argument("--command", default="python -m verl.trainer.main_ppo ...",
@@ -124,16 +173,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="write MODEL's generation config with every stop id into OUT first")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, after --")
     a = ap.parse_args(argv)
-    from stapo_verl.launch.compose import compose_config
-
-    try:
-        state = resume_state(compose_config(a.overrides))
-    except Exception as exc:  # noqa: BLE001  (Hydra / OmegaConf / ValueError: the message names the key)
-        # one line (Hydra's messages span several: the reason and the "+key" hint would be hidden by the console)
-        cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
-        text = " ".join(f"{type(exc).__name__}: {exc}{cause}".split())
-        print(f"{PREFIX} ERROR: the overrides do not compose: {text}", file=sys.stderr)
-        return 2
+    config = checked_config(a.overrides, verl_problems)
+    if config is None:
+        return EXIT_CONFIG
+    state = resume_state(config)
     if state.complete:
         print(complete_message(state, a.command, a.run_dir), file=sys.stderr, flush=True)
         return EXIT_COMPLETE

@@ -31,7 +31,9 @@ def current_policy_statistics(engine, data, infer_keys: dict) -> tuple[torch.Ten
         engine: verl ``BaseEngine`` (FSDP or Megatron).
         data: the mini-batch TensorDict in the layout ``TrainingWorker.train_batch`` receives.
         infer_keys: the engine keys ``TrainingWorker.infer_batch`` injects (``micro_batch_size_per_gpu``,
-            ``max_token_len_per_gpu``, ``use_dynamic_bsz``, ``use_remove_padding``, ``use_fused_kernels``).
+            ``max_token_len_per_gpu``, ``use_dynamic_bsz``, ``use_remove_padding``, ``use_fused_kernels``); the
+            worker passes the training budget (``training_worker.current_forward_keys``): this forward shares the
+            GPU with the whole training state (the memory plan's current-policy phase).
             Without dynamic batch size the micro-batch size becomes ``gcd(len(data), micro_batch_size_per_gpu)``:
             verl requires it to divide the batch, and rows are independent in a no-grad forward.
 

@@ -242,7 +242,8 @@ PATCHES: tuple[Patch, ...] = (
         action="relied on (not called): the engine keys it injects before engine.infer_batch "
         "(use_remove_padding, use_dynamic_bsz, max_token_len_per_gpu, micro_batch_size_per_gpu, use_fused_kernels)",
         why="stats_source=current_minibatch runs the engine's forward on the mini-batch itself "
-        "(training_worker.infer_keys copies these key names): the pre-pass runs inside train_batch on every rank, "
+        "(training_worker.current_forward_keys copies these key names, at the training budget): the pre-pass runs "
+        "inside train_batch on every rank, "
         "where the worker's infer_batch (a dispatched method that also post-processes and moves the output to "
         "the CPU) cannot be called",
         upstream="none in the series (current_minibatch is an option of the plugin only)",

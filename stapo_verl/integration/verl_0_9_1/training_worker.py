@@ -90,14 +90,22 @@ def actor_config_of(loss_fn):
     return config if hasattr(config, "policy_loss") else None
 
 
-def infer_keys(worker) -> dict:
-    """The engine keys ``TrainingWorker.infer_batch`` injects (verl ``verl.workers.engine_workers``)."""
+def current_forward_keys(worker) -> dict:
+    """The engine keys of the ``stats_source=current_minibatch`` forward: the keys ``TrainingWorker.infer_batch``
+    injects (verl ``verl.workers.engine_workers``), at the *training* token budget and micro-batch size.
+
+    The forward runs inside ``train_batch``, with the parameters, main gradients and optimizer shard on the GPU, so
+    it gets the update's budget (``engine_config.max_token_len_per_gpu`` = ``actor.ppo_max_token_len_per_gpu``), not
+    the no-grad log-prob pass's (``infer_max_token_len_per_gpu`` = ``rollout.log_prob_max_token_len_per_gpu``, which
+    only the parameters share the GPU with). :func:`stapo_verl.launch.memory_plan.current_forward_tokens` is the same
+    rule read from the config (the memory plan's phase).
+    """
     ec = worker.engine_config
     return dict(
         use_remove_padding=worker.model_config.get("use_remove_padding", False),
         use_dynamic_bsz=ec.use_dynamic_bsz,
-        max_token_len_per_gpu=ec.infer_max_token_len_per_gpu,
-        micro_batch_size_per_gpu=ec.infer_micro_batch_size_per_gpu,
+        max_token_len_per_gpu=ec.max_token_len_per_gpu,
+        micro_batch_size_per_gpu=ec.micro_batch_size_per_gpu,
         use_fused_kernels=ec.use_fused_kernels,
     )
 
@@ -117,7 +125,7 @@ def _current_minibatch_mask(worker, config, data, dp_group, observe) -> tuple[di
     None). Returns the metrics, the masked mini-batch (the current fields), its padded fields and the observer."""
     from stapo_verl.minibatch.current_policy import as_response_layout, current_policy_statistics
 
-    log_prob, entropy, seconds = current_policy_statistics(worker.engine, data, infer_keys(worker))
+    log_prob, entropy, seconds = current_policy_statistics(worker.engine, data, current_forward_keys(worker))
     current = data.copy()
     current["old_log_probs"] = as_response_layout(log_prob, data["old_log_probs"])
     current["entropy"] = as_response_layout(entropy, data["entropy"])

@@ -45,14 +45,18 @@ def test_launch_writes_the_stop_token_generation_config_first(tmp_path):
     env = {"STAPO_VENV": str(stub_venv(tmp_path)), "STUB_OUT": str(tmp_path / "out"), "CKPT_DIR": str(tmp_path)}
     assert bash(["recipes/qwen3_8b_stapo.sh"], env=env).returncode == 0
     recorded = calls(tmp_path / "out")
-    assert [c[2] for c in recorded] == ["stapo_verl.launch.stop_tokens", "verl.trainer.main_ppo"]
+    # the preflight first (the same overrides as main_ppo), then the stop-token folder, then training
+    assert [c[2] for c in recorded] == ["stapo_verl.launch.preflight", "stapo_verl.launch.stop_tokens",
+                                        "verl.trainer.main_ppo"]
+    assert recorded[0][3:] == recorded[2][3:]
     folder = str(tmp_path / "stapo" / "qwen3-8b-stapo-bf16" / "generation_config")
-    assert recorded[0][3:] == ["--model", "Qwen/Qwen3-8B-Base", "--out", folder]
-    assert f"+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config='{folder}'" in recorded[1]
+    assert recorded[1][3:] == ["--model", "Qwen/Qwen3-8B-Base", "--out", folder]
+    assert f"+actor_rollout_ref.rollout.engine_kwargs.vllm.generation_config='{folder}'" in recorded[2]
     # opting out drops both
     env["STUB_OUT"] = str(tmp_path / "out2")
     assert bash(["recipes/qwen3_8b_stapo.sh"], env={**env, "STOP_AT_END_OF_TURN": "0"}).returncode == 0
-    (only,) = calls(tmp_path / "out2")
+    preflight, only = calls(tmp_path / "out2")
+    assert preflight[2] == "stapo_verl.launch.preflight" and preflight[3:] == only[3:]
     assert only[2] == "verl.trainer.main_ppo" and not any("generation_config" in a for a in only)
 
 

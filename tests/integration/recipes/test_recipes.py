@@ -445,7 +445,11 @@ def _parquet(path: Path, rows: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.table({"data_source": ["math_dapo"] * rows}), path)
+    from stapo_verl.data.schema import arrow_schema
+
+    row = {"data_source": "math_dapo", "prompt": [{"role": "user", "content": "q"}], "ability": "math",
+           "reward_model": {"style": "rule", "ground_truth": "1"}, "extra_info": None}
+    pq.write_table(pa.Table.from_pylist([row] * rows, schema=arrow_schema()), path)
     return path
 
 

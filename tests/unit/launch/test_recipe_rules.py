@@ -120,4 +120,3 @@ def test_training_length_from_the_parquet_footer(tmp_path):
     assert check.warnings == ("trainer.save_freq=-1: the last step 10 gets no checkpoint",)
     absent = R.check_training_length(_config(data__train_files=[str(tmp_path / "none.parquet")]))
     assert absent.status == "SKIPPED" and "none.parquet absent here" in absent.detail
-    assert R.check_data_files(_config(**files)).status == "PASS"

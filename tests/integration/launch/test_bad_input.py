@@ -1,0 +1,122 @@
+"""Bad input stops the launcher before Ray, in one line naming the fix (``stapo_verl.launch.train.checked_config``).
+
+The four cases a new user meets on the tiny recipe: a train parquet without ``reward_model``, a prompt 10x longer than
+``data.max_prompt_length``, a policy-loss value out of range, and a verl the plugin was not written for. Each returns
+the launcher's :data:`~stapo_verl.launch.errors.EXIT_CONFIG` from ``main`` without calling the trainer entry.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stapo_verl.algo.config_ranges import KEY, RANGES
+from stapo_verl.data.schema import arrow_schema
+from stapo_verl.launch import train
+from stapo_verl.launch.console import Console
+from stapo_verl.launch.errors import EXIT_CONFIG, default_of
+
+
+def _rows(question="What is 2+3?"):
+    return [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": question}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": "5"},
+             "extra_info": {"split": "train", "index": 0, "benchmark": "math_dapo", "problem_id": "0",
+                            "source_row": 0, "problem": question}}]
+
+
+def _parquet(path, question="What is 2+3?", drop=()):
+    table = pa.Table.from_pylist(_rows(question), schema=arrow_schema())
+    pq.write_table(table.drop_columns(list(drop)) if drop else table, path)
+    return str(path)
+
+
+def _model(tmp_path):
+    """A local model directory as far as the launcher reads it: a tokenizer with a chat template and config.json."""
+    from stapo_verl.cpu.make_assets import build_tokenizer
+
+    build_tokenizer(["What is 2+3? " * 20], tmp_path / "model")
+    (tmp_path / "model" / "config.json").write_text("{}")
+    return str(tmp_path / "model")
+
+
+def _overrides(train_file, val_file, *extra, model=None):
+    out = [f"data.train_files=['{train_file}']", f"data.val_files=['{val_file}']",
+           "reward.custom_reward_function.path=pkg://stapo_verl.rewards",
+           "reward.custom_reward_function.name=compute_score", "data.max_prompt_length=64",
+           "actor@actor_rollout_ref.actor=stapo_dp_actor", "actor_rollout_ref.actor.policy_loss.loss_mode=stapo",
+           "data.filter_overlong_prompts=False", "data.truncation=error", *extra]
+    return out + ([f"actor_rollout_ref.model.path='{model}'"] if model else [])
+
+
+@pytest.fixture
+def never_trains(monkeypatch):
+    """The trainer entry the launcher would call after its checks: a failing one (the tests expect it unreached)."""
+    monkeypatch.setenv(train.ENTRY_ENV, "builtins:SystemExit")
+
+
+def _main(tmp_path, overrides, **kw):
+    return train.main(["--run-dir", str(tmp_path / "run"), "--", *overrides], **kw)
+
+
+def _one_error(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_train_file_without_reward_model_stops_before_ray(tmp_path, capsys, never_trains):
+    bad = _parquet(tmp_path / "train.parquet", drop=["reward_model"])
+    assert _main(tmp_path, _overrides(bad, _parquet(tmp_path / "val.parquet"))) == EXIT_CONFIG
+    line = _one_error(capsys)
+    assert line.startswith("[stapo recipe] ERROR: bad data: ") and "train.parquet has no column 'reward_model'" in line
+    assert "python -m stapo_verl.data.prepare" in line and "sync_refill" not in line
+
+
+def test_a_prompt_ten_times_too_long_stops_before_ray_naming_the_fixes(tmp_path, capsys, never_trains):
+    model = _model(tmp_path)
+    long = _parquet(tmp_path / "train.parquet", question="What is 2+3? " * 80)
+    assert _main(tmp_path, _overrides(long, _parquet(tmp_path / "val.parquet"), model=model)) == EXIT_CONFIG
+    line = _one_error(capsys)
+    assert "1 of 1 prompts are longer than data.max_prompt_length=64 tokens" in line
+    assert "Fix: data.filter_overlong_prompts=True (drop them)" in line and "data.truncation=left" in line
+    # asked for: verl's filter drops it, and the launcher says so (one warning line) and goes on to train
+    ok = _overrides(long, _parquet(tmp_path / "val.parquet"), "data.filter_overlong_prompts=True", model=model)
+    assert train.checked_config(ok) is not None
+    assert "verl's data.filter_overlong_prompts=True drops them" in _one_error(capsys)
+
+
+def test_a_value_out_of_range_is_one_line_with_the_default_and_the_fix(tmp_path, capsys, never_trains):
+    from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
+
+    # a key the paper's mask reads, whose range refuses 0 (names from the one table, not typed here)
+    name = next(k for k in POLICY_TOKEN_MASK_REGISTRY["s2t"].config_keys if k in RANGES and not RANGES[k].test(0.0))
+    files = _parquet(tmp_path / "train.parquet"), _parquet(tmp_path / "val.parquet")
+    assert _main(tmp_path, _overrides(*files, f"{KEY}.{name}=0")) == EXIT_CONFIG
+    line = _one_error(capsys)
+    default = default_of(f"{KEY}.{name}")
+    assert line == (f"[stapo recipe] ERROR: invalid config: {KEY}.{name}=0.0 is out of range: allowed "
+                    f"{RANGES[name].allowed}; default {default}. Fix: {KEY}.{name}={default} or another value with "
+                    f"{RANGES[name].allowed}")
+    assert len(line) < 400  # no dump of the overrides
+
+
+def test_a_composition_error_exits_with_the_same_code(tmp_path, capsys, never_trains):
+    files = _parquet(tmp_path / "train.parquet"), _parquet(tmp_path / "val.parquet")
+    assert _main(tmp_path, _overrides(*files, "data.no_such_key=1")) == EXIT_CONFIG
+    assert "the overrides do not compose" in _one_error(capsys)
+
+
+def test_another_verl_is_the_line_on_screen(tmp_path, capsys, never_trains):
+    from stapo_verl.integration.verl_0_9_1 import ALLOW_ENV, VERL_VERSION
+
+    found = [f"verl 0.9.0 is installed; stapo-verl's integration is written for verl {VERL_VERSION}"]
+    files = _parquet(tmp_path / "train.parquet"), _parquet(tmp_path / "val.parquet")
+    assert _main(tmp_path, _overrides(*files), verl_problems=found) == EXIT_CONFIG
+    line = _one_error(capsys)
+    assert "verl 0.9.0 is installed" in line and f"pip install verl=={VERL_VERSION}" in line and ALLOW_ENV in line
+    screen = io.StringIO()
+    Console(screen).feed(line + "\n")
+    assert screen.getvalue() == line + "\n"  # the recipe's console shows it (not only train.log)
