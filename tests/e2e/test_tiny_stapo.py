@@ -46,7 +46,8 @@ from stapo_verl.minibatch.dump_schema import SCHEMA
 
 PL = "actor_rollout_ref.actor.policy_loss"
 #: τ_p = 0.9 makes many tokens of positive-advantage responses candidates (at the recipe's 0.1 this 8 x 4 batch has
-#: none at steps 1-2; at 0.9, steps 2-4 silence 1, 11 and 8 tokens on this project's machines); a 2-step collapse
+#: none at steps 1-2; at 0.9, steps 2-4 silenced 1, 11 and 8 tokens on an AMD EPYC; what the tests assert about them is
+#: conditioned on the metrics, since the trajectory differs by CPU type); a 2-step collapse
 #: warm-up gives z-scores at steps 3 and 4, which a resume reproduces only with the restored windows; a token table
 #: every step
 COMMAND = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=4", f"{PL}.tau_p=0.9",
@@ -110,7 +111,7 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path, run_a):
     a_dir, b_dir = run_a["dir"], tmp_path / "b"
     ma = run_a["metrics"]
     assert sorted(ma) == [1, 2, 3, 4]
-    check_mask_and_denominator(ma)  # the S2T mask ran inside the actor worker and silenced tokens
+    check_mask_and_denominator(ma)  # the S2T mask ran inside the actor worker
     for step in (1, 2, 3, 4):
         assert -1.0 <= ma[step]["critic/score/min"] <= ma[step]["critic/score/max"] <= 1.0
     assert "actor/stapo/collapse/entropy_z" in ma[3] and "actor/stapo/collapse/entropy_z" not in ma[2]
@@ -132,7 +133,8 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path, run_a):
             killed = kill_tree(proc.pid)
         assert len(killed) > 5  # the shell, the launcher, Ray's head processes and workers
         assert tracker.read_text().strip() == "2"  # killed between the checkpoints
-        assert max(r["step"] for r in _rows(b_dir / "stapo_tokens.dp0.jsonl")) >= 3  # rows to be replaced
+        dumped = {r["step"] for r in _rows(b_dir / "stapo_tokens.dp0.jsonl")}  # the driver wrote it at each step
+        assert (3 in dumped) == (ma[3]["actor/stapo/num_masked"] > 0)  # step 3's rows, to be replaced, if any
         half = b_dir / "ckpt" / "global_step_4" / "actor"
         half.mkdir(parents=True, exist_ok=True)
         (half / "model_world_size_1_rank_0.pt").write_bytes(b"half-written")  # never loaded
