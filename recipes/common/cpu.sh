@@ -257,6 +257,13 @@ stapo_cpu_command() {
     fi
 }
 
+# stapo_cpu_wait_through_stop: SIGINT/SIGTERM (Ctrl-C, Slurm's stop) reach every process of the group; the launcher
+# and the console handle them (the launcher shuts Ray down and prints where the run resumes), so the shell waits for
+# the pipeline instead of dying first. A handler, not '' (ignored signals would stay ignored in the children).
+stapo_cpu_wait_through_stop() {
+    trap ':' INT TERM
+}
+
 # stapo_cpu_train <method>: train with STAPO_OVERRIDES, log, then post-process.
 #
 # python -m stapo_verl.launch.train composes STAPO_OVERRIDES with verl's config (Hydra) and says whether verl would
@@ -275,15 +282,18 @@ stapo_cpu_train() {
     mkdir -p "$RUN_DIR"
     start=$(date +%s)
     set +e
+    stapo_cpu_wait_through_stop
     if [[ ${STAPO_CONSOLE:-} == full ]]; then
         "${train[@]}" 2>&1 | tee -a "$RUN_DIR/train.log"
     else
         "${train[@]}" 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log"
     fi
     rc=${PIPESTATUS[0]}
+    trap - INT TERM
     set -e
     case $rc in
     3) return 0 ;; # already complete: nothing was run
+    130 | 143) return "$rc" ;; # stopped by SIGINT / SIGTERM: the launcher said where the run resumes
     2) stapo_die "the overrides do not compose with verl's config (message above)" ;;
     esac
     end=$(date +%s)
