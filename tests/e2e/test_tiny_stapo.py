@@ -161,3 +161,47 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path, run_a):
     r3 = run_recipe("tiny_cpu_stapo.sh", b_dir, *COMMAND, timeout=240, **ENV)
     assert r3.returncode == 0, r3.stderr[-3000:]
     assert {name: (b_dir / name).read_bytes() for name in before} == before
+
+
+def test_sigterm_between_checkpoints_is_a_stop_and_the_same_command_resumes(tmp_path, run_a):
+    """What Slurm does at a time limit: SIGTERM to the job's processes (here the recipe's process group) after
+    checkpoint 2, during step 4. The job ends within a minute with 143, leaves none of its processes, prints where
+    the last complete checkpoint is and that the same command resumes, shows no traceback and no failure tail; the
+    same command then trains steps 3-4 to A's metrics."""
+    import os
+    import signal
+
+    import psutil
+
+    c_dir = tmp_path / "c"
+    proc = recipe_process("tiny_cpu_stapo.sh", c_dir, *COMMAND, log=tmp_path / "c1.log", **ENV)
+    tracker = c_dir / "ckpt" / "latest_checkpointed_iteration.txt"
+    try:
+        _wait_for(lambda: tracker.exists() and tracker.read_text().strip() == "2", proc, 900, "checkpoint 2")
+        _wait_for(lambda: _has_step_row(c_dir / "metrics.jsonl", 3), proc, 300, "step-3 row")
+        job = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGTERM)  # the recipe runs in its own session: its group is its pid
+        assert proc.wait(timeout=60) == 143
+    finally:
+        kill_tree(proc.pid)
+    out = (tmp_path / "c1.log").read_text(errors="replace")
+    assert f"[stapo recipe] stopped by SIGTERM; the last complete checkpoint is {c_dir}/ckpt/global_step_2 (step 2); " \
+           "the same command resumes from it: bash recipes/tiny_cpu_stapo.sh" in out.splitlines(), out[-3000:]
+    assert "Traceback" not in out and "main_ppo failed" not in out, out[-3000:]
+
+    def alive(pid):
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 30  # the job's processes were gone when it exited; allow for the OS's reaping
+    while (left := [p for p in job if alive(p)]):
+        assert time.monotonic() < deadline, f"processes of the stopped job still running: {left}"
+        time.sleep(0.5)
+    assert sorted(p.name for p in (c_dir / "ckpt").glob("global_step_*")) == ["global_step_2"]
+
+    rc = run_recipe("tiny_cpu_stapo.sh", c_dir, *COMMAND, timeout=900, **ENV)
+    assert rc.returncode == 0, failure_text(c_dir, rc)
+    assert "(steps 3-4)" in rc.stdout
+    assert reproducible(metrics_by_step(c_dir / "metrics.jsonl")) == reproducible(run_a["metrics"])
