@@ -261,7 +261,9 @@ stapo_cpu_command() {
 # and the console handle them (the launcher shuts Ray down and prints where the run resumes), so the shell waits for
 # the pipeline instead of dying first. A handler, not '' (ignored signals would stay ignored in the children).
 stapo_cpu_wait_through_stop() {
-    trap ':' INT TERM
+    STAPO_STOPPED=
+    trap 'STAPO_STOPPED=SIGINT' INT
+    trap 'STAPO_STOPPED=SIGTERM' TERM
 }
 
 # stapo_cpu_train <method>: train with STAPO_OVERRIDES, log, then post-process.
@@ -296,6 +298,11 @@ stapo_cpu_train() {
     130 | 143) return "$rc" ;; # stopped by SIGINT / SIGTERM: the launcher said where the run resumes
     2) stapo_die "the overrides do not compose with verl's config (message above)" ;;
     esac
+    if [[ -n $STAPO_STOPPED ]]; then # the launcher ended before it could say so (Ray's processes went first)
+        "$PY" -m stapo_verl.launch.train --run-dir "$RUN_DIR" --command "$(stapo_cpu_command "$method")" \
+            --after-stop "$STAPO_STOPPED" -- "${STAPO_OVERRIDES[@]}"
+        return $?
+    fi
     end=$(date +%s)
     wall=$((end - start))
     echo "{\"wall_seconds\": $wall, \"returncode\": $rc}" >"$RUN_DIR/wall.json"

@@ -24,7 +24,9 @@ In one process, so verl and the plugin are imported once:
 5. SIGINT or SIGTERM (Ctrl-C; Slurm at a time limit or preemption) stops the run (:func:`stop_on_signals`): Ray is
    shut down (its processes with it), the checkpoint folders a stop interrupted are removed, and one line says where
    the last complete checkpoint is and that the same command resumes (:func:`stapo_verl.launch.resume.
-   stopped_message`); no traceback.
+   stopped_message`); no traceback. The signal reaches Ray's own processes as well, and the launcher's Ray client
+   may end on their going before it gets there; then the recipe runs ``--after-stop SIGNAL``, which does the same
+   from the composed config.
 
 Exit status: main_ppo's (0 = trained); :data:`EXIT_COMPLETE` = already complete, nothing run; 2 = the overrides do
 not compose (the message names the key); 128 + the signal's number (130 SIGINT, 143 SIGTERM) = stopped by it.
@@ -182,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the command the user ran (for messages)")
     ap.add_argument("--stop-tokens", nargs=2, metavar=("MODEL", "OUT"), default=None,
                     help="write MODEL's generation config with every stop id into OUT first")
+    ap.add_argument("--after-stop", choices=("SIGINT", "SIGTERM"), default=None,
+                    help="the run was stopped by this signal before the launcher could say so (Ray's processes, "
+                         "signalled with it, can end the launcher first): clean up and say where it resumes")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, after --")
     a = ap.parse_args(argv)
     from stapo_verl.launch.compose import compose_config
@@ -194,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         text = " ".join(f"{type(exc).__name__}: {exc}{cause}".split())
         print(f"{PREFIX} ERROR: the overrides do not compose: {text}", file=sys.stderr)
         return 2
+    if a.after_stop:
+        return shut_down_after_stop(StopRequested(getattr(signal, a.after_stop)), state.save_dir, a.command)
     if state.complete:
         print(complete_message(state, a.command, a.run_dir), file=sys.stderr, flush=True)
         return EXIT_COMPLETE

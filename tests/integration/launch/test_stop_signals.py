@@ -41,3 +41,21 @@ def test_a_stop_signal_leaves_the_last_complete_checkpoint_and_says_how_to_resum
     assert last == (f"[stapo recipe] stopped by {sig}; the last complete checkpoint is {ckpt}/global_step_1 (step 1); "
                     "the same command resumes from it: bash recipes/tiny_cpu_stapo.sh")
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step_1", "latest_checkpointed_iteration.txt"]
+
+
+def test_after_stop_does_the_same_when_the_launcher_ended_first(tmp_path):
+    """``--after-stop SIGTERM`` (what the recipe runs when Ray's processes, signalled too, ended the launcher before
+    it could report): the same cleanup and the same line, from the composed config."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "global_step_3" / "actor").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
+    (ckpt / "global_step_4").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "stapo_verl.launch.train", "--run-dir", str(tmp_path / "run"),
+                           "--command", "bash recipes/tiny_cpu_stapo.sh", "--after-stop", "SIGTERM", "--",
+                           "trainer.total_training_steps=4", f"trainer.default_local_dir={ckpt}"],
+                          env=child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == (
+        f"[stapo recipe] stopped by SIGTERM; the last complete checkpoint is {ckpt}/global_step_3 (step 3); the same "
+        "command resumes from it: bash recipes/tiny_cpu_stapo.sh")
+    assert sorted(p.name for p in ckpt.iterdir()) == ["global_step_3", "latest_checkpointed_iteration.txt"]
