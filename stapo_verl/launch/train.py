@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import io
 import json
 import os
 import signal
@@ -192,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     from stapo_verl.launch.compose import compose_config
 
     try:
-        state = resume_state(compose_config(a.overrides))
+        # after a stop, the one line is the stop's: verl's "Found checkpoint" print goes
+        with contextlib.redirect_stdout(io.StringIO()) if a.after_stop else contextlib.nullcontext():
+            state = resume_state(compose_config(a.overrides))
     except Exception as exc:  # noqa: BLE001  (Hydra / OmegaConf / ValueError: the message names the key)
         # one line (Hydra's messages span several: the reason and the "+key" hint would be hidden by the console)
         cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""

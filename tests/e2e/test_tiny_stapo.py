@@ -181,7 +181,8 @@ def test_sigterm_between_checkpoints_is_a_stop_and_the_same_command_resumes(tmp_
         _wait_for(lambda: _has_step_row(c_dir / "metrics.jsonl", 3), proc, 300, "step-3 row")
         job = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         os.killpg(proc.pid, signal.SIGTERM)  # the recipe runs in its own session: its group is its pid
-        assert proc.wait(timeout=60) == 143
+        rc = proc.wait(timeout=60)
+        assert rc == 143, (rc, (tmp_path / "c1.log").read_text(errors="replace")[-3000:])
     finally:
         kill_tree(proc.pid)
     out = (tmp_path / "c1.log").read_text(errors="replace")
@@ -201,7 +202,7 @@ def test_sigterm_between_checkpoints_is_a_stop_and_the_same_command_resumes(tmp_
         time.sleep(0.5)
     assert sorted(p.name for p in (c_dir / "ckpt").glob("global_step_*")) == ["global_step_2"]
 
-    rc = run_recipe("tiny_cpu_stapo.sh", c_dir, *COMMAND, timeout=900, **ENV)
-    assert rc.returncode == 0, failure_text(c_dir, rc)
-    assert "(steps 3-4)" in rc.stdout
+    again = run_recipe("tiny_cpu_stapo.sh", c_dir, *COMMAND, timeout=900, **ENV)
+    assert again.returncode == 0, failure_text(c_dir, again)
+    assert "(steps 3-4)" in again.stdout
     assert reproducible(metrics_by_step(c_dir / "metrics.jsonl")) == reproducible(run_a["metrics"])
