@@ -288,7 +288,9 @@ stapo_cpu_train() {
     if [[ ${STAPO_CONSOLE:-} == full ]]; then
         "${train[@]}" 2>&1 | tee -a "$RUN_DIR/train.log"
     else
-        "${train[@]}" 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log"
+        # in a subshell whose stderr is the log too: the shell's own "Aborted" note, when Ray's processes ending on a
+        # stop take the launcher's Ray client with them, goes to the log, not the terminal
+        ("${train[@]}" 2>&1) 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log"
     fi
     rc=${PIPESTATUS[0]}
     trap - INT TERM
@@ -300,7 +302,7 @@ stapo_cpu_train() {
     esac
     if [[ -n $STAPO_STOPPED ]]; then # the launcher ended before it could say so (Ray's processes went first)
         "$PY" -m stapo_verl.launch.train --run-dir "$RUN_DIR" --command "$(stapo_cpu_command "$method")" \
-            --after-stop "$STAPO_STOPPED" -- "${STAPO_OVERRIDES[@]}"
+            --after-stop "$STAPO_STOPPED" -- "${STAPO_OVERRIDES[@]}" 2>>"$RUN_DIR/train.log"
         return $?
     fi
     end=$(date +%s)
