@@ -276,6 +276,15 @@ stapo_cpu_command() {
     fi
 }
 
+# stapo_cpu_wait_through_stop: SIGINT/SIGTERM (Ctrl-C, Slurm's stop) reach every process of the group; the launcher
+# and the console handle them (the launcher shuts Ray down and prints where the run resumes), so the shell waits for
+# the pipeline instead of dying first. A handler, not '' (ignored signals would stay ignored in the children).
+stapo_cpu_wait_through_stop() {
+    STAPO_STOPPED=
+    trap 'STAPO_STOPPED=SIGINT' INT
+    trap 'STAPO_STOPPED=SIGTERM' TERM
+}
+
 # stapo_cpu_train <method>: train with STAPO_OVERRIDES, log, then post-process.
 #
 # python -m stapo_verl.launch.train composes STAPO_OVERRIDES with verl's config (Hydra) and says whether verl would
@@ -294,17 +303,27 @@ stapo_cpu_train() {
     mkdir -p "$RUN_DIR"
     start=$(date +%s)
     set +e
+    stapo_cpu_wait_through_stop
     if [[ ${STAPO_CONSOLE:-} == full ]]; then
         "${train[@]}" 2>&1 | tee -a "$RUN_DIR/train.log"
     else
-        "${train[@]}" 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log"
+        # in a subshell whose stderr is the log too: the shell's own "Aborted" note, when Ray's processes ending on a
+        # stop take the launcher's Ray client with them, goes to the log, not the terminal
+        ("${train[@]}" 2>&1) 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log"
     fi
     rc=${PIPESTATUS[0]}
+    trap - INT TERM
     set -e
     case $rc in
     3) return 0 ;; # already complete: nothing was run
+    130 | 143) return "$rc" ;; # stopped by SIGINT / SIGTERM: the launcher said where the run resumes
     2) stapo_die "nothing was started: the config, the data or the verl is wrong (the line above names the fix)" ;;
     esac
+    if [[ -n $STAPO_STOPPED ]]; then # the launcher ended before it could say so (Ray's processes went first)
+        "$PY" -m stapo_verl.launch.train --run-dir "$RUN_DIR" --command "$(stapo_cpu_command "$method")" \
+            --after-stop "$STAPO_STOPPED" -- "${STAPO_OVERRIDES[@]}" 2>>"$RUN_DIR/train.log"
+        return $?
+    fi
     end=$(date +%s)
     wall=$((end - start))
     echo "{\"wall_seconds\": $wall, \"returncode\": $rc}" >"$RUN_DIR/wall.json"

@@ -168,16 +168,19 @@ def request_seed(params: dict[str, Any]) -> Optional[int]:
 
 
 class HFGenerator:
-    """Batched sampler over a Hugging Face causal LM (KV cache, left padding to a fixed length).
+    """Batched sampler over a Hugging Face causal LM (KV cache, left padding to a fixed length, fixed-size row blocks).
 
-    Batch invariance: every batch is left-padded to the same length ``pad_to`` (the rollout's ``prompt_length``)
-    and to at least :attr:`MIN_ROWS` rows, so a row's logits do not depend on which other requests share its batch.
-    Measured on this project's CPUs (torch 2.13, fp32, 1 and 2 threads): with a ragged pad (the longest prompt of
-    the batch) CPU SDPA reduces over a different number of columns, and ``F.linear`` takes other kernels for fewer
-    than 8 rows (1-3 rows on one thread, 1-7 on two), each moving a row's logits by about 1e-6, enough to flip a
-    sampled token; from 8 to 1,024 rows the results were bit-identical. Together with a per-request seed this makes
-    what a request samples a function of its prompt, its seed and the weights alone, as vLLM's batch-invariant mode
-    with ``SamplingParams.seed`` does on GPUs.
+    Batch invariance by construction: the requests of a call are cut into blocks of exactly :attr:`block_rows` rows
+    (the last block filled with dummy rows), every block is left-padded to the same length ``pad_to`` (the rollout's
+    ``prompt_length``) and decoded on its own, with its own KV cache. So the model sees the same sequence of tensor
+    shapes, ``[block_rows, pad_to]`` for the prompt and then ``[block_rows, 1]`` per token, whatever the number of
+    requests that arrived together, and a row's logits cannot depend on it through the choice of CPU kernels (which
+    do depend on the shapes: measured with torch 2.13 in fp32, ``F.linear`` moves a row's logits by about 1e-6 between
+    8 and 40 rows on an Intel Xeon with AVX-512, and between 1-7 and 8 rows on an AMD EPYC; a ragged pad changes the
+    columns CPU SDPA reduces over). Within one shape, a row's result does not depend on the other rows or on its
+    position in the block (GEMM and SDPA compute rows independently; checked on the Xeon for blocks of 1-64 rows).
+    Together with a per-request seed this makes what a request samples a function of its prompt, its seed and the
+    weights alone, as vLLM's batch-invariant mode with ``SamplingParams.seed`` does on GPUs.
 
     Args:
         model: a ``transformers`` causal LM on CPU, in eval mode.
@@ -185,24 +188,33 @@ class HFGenerator:
         pad_token_id: id used for left padding of the prompt batch.
         seed: seed of the generator shared by requests without a seed of their own (each such call advances it,
             so those draws depend on batching, as unseeded requests do in vLLM).
-        pad_to: fixed left-padded prompt length; a batch with a longer prompt is padded to that prompt (and loses
-            batch invariance). 0 pads to the longest prompt of each batch.
+        pad_to: fixed left-padded prompt length; a block with a longer prompt is padded to that prompt (and loses
+            batch invariance). 0 pads to the longest prompt of each block.
+        block_rows: rows of every model call (:attr:`BLOCK_ROWS` by default; the cost against one call over all
+            rows is measured by ``benchmarks/bench_rollout_blocks.py``). 0 computes all requests of a call as one
+            block of their own number of rows (shapes then depend on the batch: not batch-invariant).
+    Raises:
+        ValueError: ``block_rows`` < 0.
     """
 
-    #: the fewest rows a batch is computed with (dummy rows fill it; see the class docstring)
-    MIN_ROWS = 8
+    #: default rows of every model call (dummy rows fill the last block; see the class docstring)
+    BLOCK_ROWS = 32
 
-    def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, seed: int = 0, pad_to: int = 0):
+    def __init__(self, model, eos_token_ids: list[int], pad_token_id: int, seed: int = 0, pad_to: int = 0,
+                 block_rows: int = BLOCK_ROWS):
+        if int(block_rows) < 0:
+            raise ValueError(f"HFGenerator: block_rows={block_rows!r}: must be >= 1 (or 0: one block per call)")
         self.model = model
         self.eos = torch.tensor(sorted(set(int(e) for e in eos_token_ids)), dtype=torch.long)
         self.pad_token_id = int(pad_token_id)
         self.rng = torch.Generator().manual_seed(int(seed))
         self.pad_to = int(pad_to)
+        self.block_rows = int(block_rows)
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_tokens: list[int], s: SamplingSettings,
                  seeds: Optional[list[Optional[int]]] = None) -> list[tuple[list[int], Optional[list[float]]]]:
-        """Generate one continuation per prompt.
+        """Generate one continuation per prompt, block by block (see the class docstring).
 
         Args:
             prompts: B token-id lists (no padding).
@@ -211,20 +223,32 @@ class HFGenerator:
             seeds: per-prompt seeds (None: the shared generator). A seeded row draws its tokens from its own
                 ``torch.Generator`` seeded with it, one ``torch.multinomial`` per generated token.
         Returns:
-            B pairs ``(token_ids, log_probs)``; ``token_ids`` ends with the EOS when generation stopped on it,
-            ``log_probs`` is ``None`` unless ``s.logprobs``.
+            B pairs ``(token_ids, log_probs)`` in the order of ``prompts``; ``token_ids`` ends with the EOS when
+            generation stopped on it, ``log_probs`` is ``None`` unless ``s.logprobs``.
+        Raises:
+            ValueError: ``seeds`` or ``max_tokens`` not of length B.
         """
         n_req = len(prompts)
         seeds = list(seeds) if seeds is not None else [None] * n_req
         if len(seeds) != n_req or len(max_tokens) != n_req:
             raise ValueError(f"HFGenerator.generate: {len(seeds)} seeds and {len(max_tokens)} limits for "
                              f"{n_req} prompts")
-        if n_req < self.MIN_ROWS:  # dummy rows (own seed, one token), dropped from the results
-            fill = self.MIN_ROWS - n_req
-            prompts = list(prompts) + [prompts[0]] * fill
-            max_tokens = list(max_tokens) + [1] * fill
-            seeds = seeds + [0] * fill
-        B = len(prompts)
+        rows = self.block_rows or max(1, n_req)
+        results: list[tuple[list[int], Optional[list[float]]]] = []
+        for lo in range(0, n_req, rows):
+            block = slice(lo, lo + rows)
+            results += self._generate_block(list(prompts[block]), list(max_tokens[block]), s, seeds[block], rows)
+        return results
+
+    def _generate_block(self, prompts: list[list[int]], max_tokens: list[int], s: SamplingSettings,
+                        seeds: list[Optional[int]], rows: int) -> list[tuple[list[int], Optional[list[float]]]]:
+        """Decode up to ``rows`` requests as one block of exactly ``rows`` rows (dummy rows: own seed, one token)."""
+        n_req = len(prompts)
+        fill = rows - n_req
+        prompts = prompts + [prompts[0]] * fill
+        max_tokens = max_tokens + [1] * fill
+        seeds = seeds + [0] * fill
+        B = rows
         rngs = [None if sd is None else torch.Generator().manual_seed(int(sd)) for sd in seeds]
         T = max(self.pad_to, max(len(p) for p in prompts))
         ids = torch.full((B, T), self.pad_token_id, dtype=torch.long)

@@ -23,27 +23,34 @@ class DriverDiagnostics:
     Attributes:
         dump_tokens: ``policy_loss.dump_tokens`` (the rows of a table are the dump's selection).
         dump_every: ``policy_loss.dump_every`` (see :func:`stapo_verl.diagnostics.shipping.table_due`).
-        dump_glob: where the JSONL dump lies on the actor workers' nodes (for the warning line).
+        dump_dir: ``policy_loss.dump_dir`` resolved in the driver's process (the run directory by default): where the
+            driver writes every DP rank's JSONL dump (:func:`stapo_verl.minibatch.token_dump.write_step`).
+        dump_glob: the dump's files (for the warning line).
         monitor: the collapse z-scores.
         last_table_step: the last step a token table was logged at (None before the first).
         session_started: whether this process has marked its first step in TensorBoard
             (:func:`stapo_verl.diagnostics.trackers.start_tensorboard_session`); not saved with a checkpoint.
+        dump_started: whether this process has written the dump yet (its first write drops the rows an interrupted
+            attempt wrote at or after that step); not saved with a checkpoint.
     """
 
     dump_tokens: bool
     dump_every: int | None
+    dump_dir: str
     dump_glob: str
     monitor: CollapseMonitor
     last_table_step: int | None = None
     session_started: bool = False
+    dump_started: bool = False
 
     @classmethod
     def from_policy_loss(cls, pl) -> DriverDiagnostics:
         """From a built policy-loss config (:class:`stapo_verl.core.config.StapoPolicyLossConfig`)."""
         from stapo_verl.minibatch.token_dump import resolve_dump_dir
 
-        return cls(dump_tokens=bool(pl.dump_tokens), dump_every=pl.dump_every,
-                   dump_glob=f"{resolve_dump_dir(pl.dump_dir)}/stapo_tokens.dp*.jsonl",
+        dump_dir = resolve_dump_dir(pl.dump_dir)
+        return cls(dump_tokens=bool(pl.dump_tokens), dump_every=pl.dump_every, dump_dir=dump_dir,
+                   dump_glob=f"{dump_dir}/stapo_tokens.dp*.jsonl",
                    monitor=CollapseMonitor(window=pl.collapse_window, warmup=pl.collapse_warmup_steps,
                                            threshold=pl.collapse_z_threshold))
 
@@ -72,10 +79,11 @@ class DriverDiagnostics:
                     "the JSONL dump and the tracker table).")
         table = (f"tracker table {TABLE_KEY} (last at step {self.last_table_step})" if self.last_table_step is not None
                  else f"tracker table {TABLE_KEY} (none logged yet)")
-        return f"Silenced tokens: {table}; JSONL dump {self.dump_glob} on the actor workers' nodes."
+        return f"Silenced tokens: {table}; JSONL dump {self.dump_glob}."
 
     def after_update(self, tracking, step: int, metrics: dict, payloads: list[DiagnosticsPayload]) -> list[str]:
-        """Log the payloads through ``tracking``, add the z-scores to ``metrics`` (in place), print the warnings.
+        """Write the token dump of every DP rank (when the payloads carry it), log the payloads through ``tracking``, add
+        the z-scores to ``metrics`` (in place), print the warnings.
 
         Args:
             tracking: verl's ``Tracking`` (``PPOTrainer.logger``), or None (then nothing is written to trackers).
@@ -89,6 +97,12 @@ class DriverDiagnostics:
             # the first update of this process: events of an interrupted attempt at this step or later go
             start_tensorboard_session(tracking, step)
             self.session_started = True
+        dump = {rank: rows for payload in payloads if payload.dump is not None for rank, rows in payload.dump.items()}
+        if any(payload.dump is not None for payload in payloads):
+            from stapo_verl.minibatch.token_dump import write_step
+
+            write_step(self.dump_dir, step, dump, new_session=not self.dump_started)
+            self.dump_started = True
         for payload in payloads:
             if tracking is None:
                 break

@@ -1,17 +1,18 @@
 """What travels from the actor worker to the driver, and when: the data path of the tracker diagnostics.
 
-A multi-node run has no shared disk, so the histograms and the silenced-token rows ride in the worker's train
-output, the way verl returns its own metrics:
+A multi-node run has no shared disk (nodes need not share ``/tmp`` or the working directory), so the histograms and
+the silenced-token rows ride in the worker's train output, the way verl returns its own metrics, and the driver
+writes the token dump (every DP rank's file, in the run directory) and the tables:
 
 1. The driver's ``_update_actor`` wrapper puts :data:`REQUEST_KEY` into the update batch's ``extra_info`` (verl
    turns ``extra_info`` into non-tensor fields of every mini-batch): ``True`` when a token table is due at this
    step (:func:`table_due`), ``False`` for the histograms alone. No request (an older driver, another trainer): the
    worker sends nothing, so nothing can reach verl's metric reduction.
-2. The worker's ``train_batch`` wrapper accumulates the step's histograms (and, when a table is due, the rows the
-   token dump selected) on the worker instance; on the last mini-batch of the update it gathers the rows over the
-   DP group (:func:`gather_rows`: ``all_gather_object`` on the ranks that return outputs, as verl gathers its
-   metrics), capped (:func:`cap_rows`), and puts one :class:`DiagnosticsPayload` under :data:`PAYLOAD_KEY` into
-   that mini-batch's output metrics.
+2. The worker's ``train_batch`` wrapper accumulates the step's histograms and the rows the token dump selected
+   (``dump_tokens``) on the worker instance; on the last mini-batch of the update it gathers the rows over the DP
+   group by rank (:func:`gather_rows`: ``all_gather_object`` on the ranks that return outputs, as verl gathers its
+   metrics; a rank that silenced nothing sends an empty list), and puts one :class:`DiagnosticsPayload` under
+   :data:`PAYLOAD_KEY` into that mini-batch's output metrics, with the table's rows (:func:`table_rows`) when due.
 3. ``TrainingWorker.train_mini_batch`` appends it, like any metric, to a list; the driver's wrapper takes the list
    out of the output (:func:`take_payloads`) **before** verl's ``reduce_metrics`` (which averages lists) sees it,
    and hands it to :mod:`stapo_verl.diagnostics.trackers`.
@@ -41,12 +42,15 @@ class DiagnosticsPayload:
         rows: the token rows (schema :data:`stapo_verl.minibatch.dump_schema.SCHEMA`) of every DP rank, capped; None
             when no table was requested.
         rows_selected: rows the dump selected over the DP group before the caps (0 when no table was requested).
+        dump: DP rank → that rank's token-dump rows of the update (an empty list when it silenced nothing), for every
+            rank of the DP group; None when ``dump_tokens`` is off.
     """
 
     step: int
     histograms: dict = field(default_factory=dict)
     rows: list | None = None
     rows_selected: int = 0
+    dump: dict | None = None
 
 
 def table_due(step: int, *, dump_every: int | None, test_freq: int, total_steps: int) -> bool:
@@ -93,22 +97,30 @@ def cap_rows(rows: list[dict], max_rows: int, seed: int) -> list[dict]:
     return [r for i, r in enumerate(rows) if i in chosen]
 
 
-def gather_rows(rows: list[dict], group, *, max_rows: int, seed: int) -> tuple[list[dict], int]:
-    """Every rank's rows, capped: each rank sends :func:`cap_rows` of its own, the union is capped again.
-
-    ``all_gather_object`` over ``group`` (every rank of it must call this; without a group, this rank's rows only).
+def gather_rows(rows: list[dict], group, *, dp_rank: int) -> dict[int, list[dict]]:
+    """Every DP rank's rows, by rank: ``all_gather_object`` of ``(dp_rank, rows)`` over ``group`` (every rank of it
+    must call this; without a group or with one rank, this rank's rows only).
 
     Returns:
-        ``(rows in rank order, capped to max_rows; how many rows the ranks had before any cap)``.
+        ``{dp_rank: rows}`` for every rank of the group, empty lists included.
     """
-    mine = (len(rows), cap_rows(rows, max_rows, seed))
+    mine = (int(dp_rank), rows)
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
         parts = [mine]
     else:
         parts = [None] * dist.get_world_size(group)
         dist.all_gather_object(parts, mine, group=group)
-    every = [r for _, part in parts for r in part]
-    return cap_rows(every, max_rows, seed), sum(n for n, _ in parts)
+    return {rank: part for rank, part in parts}
+
+
+def table_rows(by_rank: dict[int, list[dict]], *, max_rows: int, seed: int) -> tuple[list[dict], int]:
+    """The token table of an update: the rows of every rank in rank order, capped (:func:`cap_rows`).
+
+    Returns:
+        ``(at most max_rows rows; how many rows the ranks had before the cap)``.
+    """
+    every = [r for rank in sorted(by_rank) for r in by_rank[rank]]
+    return cap_rows(every, max_rows, seed), len(every)
 
 
 def take_payloads(metrics: dict) -> list[DiagnosticsPayload]:

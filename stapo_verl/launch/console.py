@@ -17,7 +17,10 @@ step range comes from the options or from the line :func:`training_header` print
 * at the end, how many lines the log holds and how many were not shown.
 
 On a failed run the recipe prints the tail of the log after this (``--tail N``: the last N lines without Python
-warnings, long lines cut).
+warnings, long lines cut). A SIGINT or SIGTERM to the run's process group (Ctrl-C, Slurm's stop) does not stop the
+console: it keeps copying until the run's output ends, so the run's last line (where it can resume) reaches the
+terminal, and from then on shows no error lines, which are the other processes dying of the same signal
+(:func:`follow_stop_signals`).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class Console:
         self.shown = 0
         self.errors: Counter[str] = Counter()
         self.step_seconds: list[float] = []
+        self.stopping = False  # a stop signal reached the run: error lines are its processes ending
 
     def _emit(self, text: str) -> None:
         self.shown += 1
@@ -161,7 +165,7 @@ class Console:
             if line:
                 self._emit(line)
             return
-        if _ERROR.search(text):
+        if _ERROR.search(text) and not self.stopping:
             self.errors[text] += 1
             if self.errors[text] <= MAX_REPEATS:
                 self._emit(text)
@@ -212,6 +216,19 @@ def dead_actors(path: str) -> list[str]:
     return names
 
 
+def follow_stop_signals(console: Console) -> None:
+    """SIGINT and SIGTERM (sent to the whole process group by Ctrl-C, ``kill -- -PGID`` or Slurm) set
+    ``console.stopping`` instead of ending the console: the launcher handles the stop and prints where the run can
+    resume (:func:`stapo_verl.launch.train.stop_on_signals`), and the console must live to show that line."""
+    import signal
+
+    def on_signal(_signum, _frame):
+        console.stopping = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+
+
 def run(src: BinaryIO, log: BinaryIO, console: Console) -> None:
     """Copy ``src`` to ``log`` byte for byte and feed each line (split at ``\\n`` and ``\\r``) to ``console``."""
     pending = b""
@@ -247,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                   "failed on it). Search the log for ActorDiedError.")
         return 0
     console = Console(sys.stdout, a.first_step, a.total_steps)
+    follow_stop_signals(console)
     with open(a.log, "ab") as log:
         run(sys.stdin.buffer, log, console)
     console.close(a.log)

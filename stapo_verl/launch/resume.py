@@ -26,11 +26,13 @@ class ResumeState:
         checkpoint_dir: the ``global_step_<n>`` folder it resumes from (None with no checkpoint).
         total_steps: the step verl's loop stops after (``trainer.total_training_steps``, or
             ``total_epochs × ⌊train rows / train_batch_size⌋`` when that is null; None when the rows are unknown).
+        save_dir: ``trainer.default_local_dir``, absolute: where this invocation saves its checkpoints.
     """
 
     checkpoint_step: int | None
     checkpoint_dir: str | None
     total_steps: int | None
+    save_dir: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -78,7 +80,49 @@ def resume_state(config) -> ResumeState:
     if total is None:
         rows, _ = train_rows(config)
         total = None if rows is None else int(tr.total_epochs) * (rows // int(config.data.train_batch_size))
-    return ResumeState(step, folder, None if total is None else int(total))
+    return ResumeState(step, folder, None if total is None else int(total), _absolute(str(tr.default_local_dir)))
+
+
+def remove_incomplete_checkpoints(save_dir: str) -> tuple[int | None, list[str]]:
+    """Delete the ``global_step_<n>`` folders of ``save_dir`` that verl's tracker file does not vouch for.
+
+    verl writes ``latest_checkpointed_iteration.txt`` last, after a checkpoint's every file
+    (``verl.utils.checkpoint.checkpoint_manager``), so a folder of a later step than the tracker's is a save that a stop
+    interrupted; verl would never load it, and it must not be mistaken for a checkpoint.
+
+    Returns:
+        ``(the tracker's step or None, the folders removed)``.
+    """
+    import re
+    import shutil
+
+    from verl.utils.checkpoint.checkpoint_manager import get_checkpoint_tracker_filename
+
+    tracker = get_checkpoint_tracker_filename(save_dir)
+    try:
+        with open(tracker, encoding="utf-8") as f:
+            last = int(f.read().strip())
+    except (OSError, ValueError):
+        last = None
+    removed = []
+    if os.path.isdir(save_dir):
+        for name in sorted(os.listdir(save_dir)):
+            m = re.fullmatch(r"global_step_(\d+)", name)
+            if m and (last is None or int(m.group(1)) > last):
+                shutil.rmtree(os.path.join(save_dir, name), ignore_errors=True)
+                removed.append(os.path.join(save_dir, name))
+    return last, removed
+
+
+def stopped_message(signal_name: str, save_dir: str, last_step: int | None, command: str) -> str:
+    """The one line the launcher prints when a signal stopped the run: where the last complete checkpoint is and that
+    the same command resumes from it (or starts again, without one)."""
+    if last_step is None:
+        return (f"{PREFIX} stopped by {signal_name} before the first checkpoint (none in {save_dir}); the same command "
+                f"starts the run again: {command}")
+    return (f"{PREFIX} stopped by {signal_name}; the last complete checkpoint is "
+            f"{os.path.join(save_dir, f'global_step_{last_step}')} (step {last_step}); the same command resumes from "
+            f"it: {command}")
 
 
 def complete_message(state: ResumeState, command: str, run_dir: str | None = None) -> str:

@@ -21,27 +21,44 @@ In one process, so verl and the plugin are imported once:
 4. When main_ppo returns or fails, ``RUN/metrics.jsonl`` becomes the whole run, one row per step
    (:func:`finish_metrics`). After a ``kill -9`` the next invocation does it (step 2 reads both files).
 
+5. SIGINT or SIGTERM (Ctrl-C; Slurm at a time limit or preemption) stops the run (:func:`stop_on_signals`): Ray is
+   shut down (its processes with it), the checkpoint folders a stop interrupted are removed, and one line says where
+   the last complete checkpoint is and that the same command resumes (:func:`stapo_verl.launch.resume.
+   stopped_message`); no traceback. The signal reaches Ray's own processes as well, and the launcher's Ray client
+   may end on their going before it gets there; then the recipe runs ``--after-stop SIGNAL``, which does the same
+   from the composed config.
+
 Before step 1, :func:`checked_config` stops with one line naming the fix, and exit status
 :data:`~stapo_verl.launch.errors.EXIT_CONFIG` (2), on a verl the plugin was not written for, overrides that do not
 compose, a config value the plugin refuses (with its default and the override that fixes it) and bad data files
 (columns, data sources, prompt lengths: :mod:`stapo_verl.launch.data_checks`).
 
 Exit status: main_ppo's (0 = trained); :data:`EXIT_COMPLETE` = already complete, nothing run; 2 = nothing started:
-the config, the data or the verl is wrong (the message names the key and the fix).
+the config, the data or the verl is wrong (the message names the key and the fix); 128 + the signal's number
+(130 SIGINT, 143 SIGTERM) = stopped by it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import json
 import os
+import signal
 import sys
 import time
 
 from stapo_verl.launch.console import training_header
 from stapo_verl.launch.errors import EXIT_CONFIG
-from stapo_verl.launch.resume import PREFIX, complete_message, resume_state
+from stapo_verl.launch.resume import (
+    PREFIX,
+    complete_message,
+    remove_incomplete_checkpoints,
+    resume_state,
+    stopped_message,
+)
 
 #: exit status when the run is already complete and nothing was run
 EXIT_COMPLETE = 3
@@ -162,6 +179,53 @@ def checked_config(overrides: list[str], verl_problems: list[str] | None = None)
     return config
 
 
+class StopRequested(BaseException):
+    """Raised in the main thread by SIGINT or SIGTERM (a ``BaseException``, like ``KeyboardInterrupt``, so that no
+    ``except Exception`` of verl or Hydra swallows it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """While active, SIGINT and SIGTERM raise :class:`StopRequested` in the main thread (the first one; later ones
+    are ignored while the run shuts down). The previous handlers come back on exit."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum, _frame):
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        raise StopRequested(signum)
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def shut_down_after_stop(stop: StopRequested, save_dir: str, command: str) -> int:
+    """After :class:`StopRequested`: end Ray (this process started the local cluster, or is a client of one), remove
+    the checkpoint folders the stop interrupted, print :func:`stapo_verl.launch.resume.stopped_message`; returns the
+    exit status, 128 + the signal's number."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception as exc:  # noqa: BLE001  (the stop goes on: say it, once)
+        print(f"{PREFIX} ray.shutdown after the stop failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    last, _removed = remove_incomplete_checkpoints(save_dir)
+    print(stopped_message(str(stop), save_dir, last, command), flush=True)
+    return 128 + stop.signum
+
+
 def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) -> int:
     """CLI entry (see the module docstring); returns the exit status. ``verl_problems``: as
     :func:`checked_config`."""
@@ -171,8 +235,22 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
                     help="the command the user ran (for messages)")
     ap.add_argument("--stop-tokens", nargs=2, metavar=("MODEL", "OUT"), default=None,
                     help="write MODEL's generation config with every stop id into OUT first")
+    ap.add_argument("--after-stop", choices=("SIGINT", "SIGTERM"), default=None,
+                    help="the run was stopped by this signal before the launcher could say so (Ray's processes, "
+                         "signalled with it, can end the launcher first): clean up and say where it resumes")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, after --")
     a = ap.parse_args(argv)
+    if a.after_stop:
+        from stapo_verl.launch.compose import compose_config
+
+        try:
+            # after a stop, the one line is the stop's: verl's "Found checkpoint" print goes
+            with contextlib.redirect_stdout(io.StringIO()):
+                state = resume_state(compose_config(a.overrides))
+        except Exception as exc:  # noqa: BLE001  (the run composed before it was stopped; say it, once)
+            print(f"{PREFIX} ERROR: the overrides do not compose: {' '.join(str(exc).split())}", file=sys.stderr)
+            return EXIT_CONFIG
+        return shut_down_after_stop(StopRequested(getattr(signal, a.after_stop)), state.save_dir, a.command)
     config = checked_config(a.overrides, verl_problems)
     if config is None:
         return EXIT_CONFIG
@@ -191,7 +269,10 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
     sys.argv = ["verl.trainer.main_ppo", *a.overrides]
     module, _, function = os.environ.get(ENTRY_ENV, DEFAULT_ENTRY).partition(":")
     try:
-        getattr(importlib.import_module(module), function)()  # @hydra.main parses sys.argv, exits non-zero on error
+        with stop_on_signals():
+            getattr(importlib.import_module(module), function)()  # @hydra.main parses sys.argv, exits non-zero on error
+    except StopRequested as stop:
+        return shut_down_after_stop(stop, state.save_dir, a.command)
     finally:
         finish_metrics(a.run_dir)
     return 0

@@ -1,8 +1,11 @@
 """Silenced-token dump: the tokens S2T silences each step, plus as many kept candidates for contrast, as JSONL.
 
-Written by the plugin's ``TrainingWorker.train_batch`` wrapper right after the mini-batch mask is computed, when
-``actor_rollout_ref.actor.policy_loss.dump_tokens=True`` (:func:`dump_minibatch_tokens`). One writer per DP rank (FSDP: every rank, Ulysses SP
-rank 0; Megatron: TP rank 0, CP rank 0, last PP stage), appending to ``<dump_dir>/stapo_tokens.dp{rank}.jsonl``.
+Selected by the plugin's ``TrainingWorker.train_batch`` wrapper right after the mini-batch mask is computed, when
+``actor_rollout_ref.actor.policy_loss.dump_tokens=True`` (:func:`minibatch_token_rows`), on one rank per DP rank
+(FSDP: every rank, Ulysses SP rank 0; Megatron: TP rank 0, CP rank 0, last PP stage). The rows travel to the driver
+with the update's metrics (:mod:`stapo_verl.diagnostics.shipping`: the nodes of a cluster need not share a disk),
+which appends them at each step to ``<dump_dir>/stapo_tokens.dp{rank}.jsonl`` (:func:`write_step`), one file for
+every DP rank that trains, empty while that rank has silenced nothing.
 
 Schema (one JSON object per line; read by :mod:`stapo_verl.plots` — do not rename):
 
@@ -235,6 +238,33 @@ def append_jsonl(path: str, rows: list[dict]) -> None:
         return
     with open(path, "a", encoding="utf-8") as f:
         f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def write_step(dump_dir: str, step: int, by_rank: dict[int, list[dict]], *, new_session: bool) -> dict[int, str]:
+    """Append one step's rows of every DP rank to its file (created, empty, for a rank without rows); each file is
+    closed, i.e. flushed, before this returns.
+
+    Args:
+        dump_dir: ``policy_loss.dump_dir`` (:func:`resolve_dump_dir` in the driver's process: the run directory).
+        step: verl's global step of the rows. by_rank: DP rank → rows (schema :data:`SCHEMA`).
+        new_session: the first step this process writes: the rows at or after ``step`` of every
+            ``stapo_tokens.dp*.jsonl`` in the directory go first (an interrupted attempt wrote them, and the resumed
+            run trains those steps again; :func:`drop_rows_from`).
+    Returns:
+        DP rank → the file written.
+    Raises:
+        StapoConfigError: the directory cannot be created or written.
+    """
+    paths = {int(rank): dump_path(dump_dir, int(rank)) for rank in by_rank}
+    if new_session:
+        d = resolve_dump_dir(dump_dir)
+        for name in sorted(os.listdir(d)):
+            if name.startswith("stapo_tokens.dp") and name.endswith(".jsonl"):
+                drop_rows_from(os.path.join(d, name), step, 0)
+    for rank, path in paths.items():
+        with open(path, "a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in by_rank[rank]))
+    return paths
 
 
 def response_id_getter(data, valid: torch.Tensor):

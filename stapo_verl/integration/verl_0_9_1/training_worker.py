@@ -28,7 +28,7 @@ import torch
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
-from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows
+from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows, table_rows
 from stapo_verl.diagnostics.stats import MaskStatisticsObserver, is_vocab_size
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
 
@@ -50,9 +50,9 @@ class MiniBatchCursor:
     Attributes:
         index: the index the next ``train_batch`` call gets (0-based; counts over ``ppo_epochs``).
         step: the global step of the last mini-batch (None before the first).
-        rows_dumped: token-dump rows written for ``step`` on this rank.
+        rows_dumped: token-dump rows selected for ``step`` on this rank.
         histograms: the update's mask histograms so far (global over DP), summed over its mini-batches.
-        rows: this rank's token rows of the update, kept when the driver asked for a table.
+        rows: this rank's token rows of the update, kept when the driver asks for diagnostics (it writes the dump).
     """
 
     index: int = 0
@@ -211,24 +211,20 @@ def vocab_size_of(worker) -> int | None:
 
 
 def _dump(worker, config, data, padded, metrics, step, index, cursor) -> list[dict]:
-    """Select, and append to this rank's JSONL, the mini-batch's token rows (``dump_tokens``); returns the rows.
+    """The mini-batch's token rows (``dump_tokens``), selected on this rank and written by the driver (they travel
+    in the update's payload: :mod:`stapo_verl.diagnostics.shipping`); returns the rows.
     ``padded``: :func:`_padded_fields` of the mini-batch the mask ran on."""
-    from stapo_verl.minibatch.token_dump import append_jsonl, drop_rows_from, dump_path, minibatch_token_rows
+    from stapo_verl.minibatch.token_dump import minibatch_token_rows
 
     pl = config.policy_loss
     if not (pl.dump_tokens and _is_dump_writer(worker.engine)):
         return []
     batch = {key: padded[key] for key in S2T_FIELDS}
-    dp_rank = worker.engine.get_data_parallel_rank()
-    # a resumed run trains again the steps after its checkpoint: their rows from the interrupted attempt go first
-    drop_rows_from(dump_path(pl.dump_dir, dp_rank), step, index)
     rows = minibatch_token_rows(
         data, batch, padded[POLICY_LOSS_MASK_KEY], config=config, step=step, minibatch=index,
-        dp_rank=dp_rank, tokenizer=_tokenizer(worker), budget=pl.dump_max_rows_per_step - cursor.rows_dumped,
-        tau_h=metrics.get("actor/stapo/tau_h"),
+        dp_rank=worker.engine.get_data_parallel_rank(), tokenizer=_tokenizer(worker),
+        budget=pl.dump_max_rows_per_step - cursor.rows_dumped, tau_h=metrics.get("actor/stapo/tau_h"),
     )
-    if rows:
-        append_jsonl(dump_path(pl.dump_dir, dp_rank), rows)
     cursor.rows_dumped += len(rows)
     return rows
 
@@ -243,14 +239,18 @@ def statistics_observer(config, padded: dict, vocab_size: int | None) -> MaskSta
                                   rollout_is_weights=padded.get("rollout_is_weights"))
 
 
-def _payload(config, cursor, step, table_due, dp_group) -> DiagnosticsPayload:
-    """The update's payload (see :mod:`stapo_verl.diagnostics.shipping`); gathers the rows over DP when a table is
-    due (every output rank of the DP group calls this with the same ``table_due``)."""
+def _payload(config, cursor, step, table_due, dp_group, dp_rank) -> DiagnosticsPayload:
+    """The update's payload (see :mod:`stapo_verl.diagnostics.shipping`): the histograms, every DP rank's token-dump
+    rows (``dump_tokens``; every output rank of the DP group calls this with the same config and ``table_due``) and,
+    when due, the table."""
     histograms, rows = cursor.take_update()
-    if not table_due:
+    if not config.policy_loss.dump_tokens:
         return DiagnosticsPayload(step=step, histograms=histograms)
-    table, selected = gather_rows(rows, dp_group, max_rows=config.policy_loss.table_max_rows, seed=step)
-    return DiagnosticsPayload(step=step, histograms=histograms, rows=table, rows_selected=selected)
+    dump = gather_rows(rows, dp_group, dp_rank=dp_rank)
+    if not table_due:
+        return DiagnosticsPayload(step=step, histograms=histograms, dump=dump)
+    table, selected = table_rows(dump, max_rows=config.policy_loss.table_max_rows, seed=step)
+    return DiagnosticsPayload(step=step, histograms=histograms, rows=table, rows_selected=selected, dump=dump)
 
 
 def wrap_train_batch(orig):
@@ -300,7 +300,7 @@ def wrap_train_batch(orig):
         # the driver's request (None: no diagnostics asked for, e.g. a trainer without the plugin's driver patch)
         request = tu.get(data, REQUEST_KEY, default=None)
         rows = _dump(self, config, data, padded, metrics, step, index, cursor) if padded is not None else []
-        if request:
+        if request is not None:
             cursor.rows.extend(rows)
         last = bool(tu.get(data, "update_lr_scheduler", default=False))
         try:
@@ -312,7 +312,8 @@ def wrap_train_batch(orig):
         lm_norm = lm_head.get("norm")
         payload = None
         if last and request is not None and is_output_rank:
-            payload = _payload(config, cursor, step, bool(request), dp_group)
+            payload = _payload(config, cursor, step, bool(request), dp_group,
+                               self.engine.get_data_parallel_rank())
         elif last:
             cursor.take_update()
         if output_metrics is not None:

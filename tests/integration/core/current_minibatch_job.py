@@ -98,7 +98,9 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
 
     from stapo_verl.core import losses as core_losses
     from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY
+    from stapo_verl.diagnostics.shipping import REQUEST_KEY, take_payloads
     from stapo_verl.integration.verl_0_9_1 import training_worker
+    from stapo_verl.minibatch.token_dump import write_step
 
     if model_dir is None:
         model_dir = tempfile.mkdtemp()
@@ -160,8 +162,12 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
     training_worker.apply_policy_token_mask, core_losses.get_policy_loss_fn = spy_apply, spy_get_policy_loss_fn
     tu.assign_non_tensor(td, calculate_entropy=False, temperature=1.0, global_batch_size=2, mini_batch_size=2,
                          epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
+    tu.assign_non_tensor(td, **{REQUEST_KEY: False})  # the plugin's driver asks for the diagnostics (no table)
     result = worker.train_mini_batch(td)
     metrics = tu.get(result, "metrics") if result is not None else {}  # None off the output rank (Megatron TP>0)
+    for payload in take_payloads(metrics):  # what the driver does with the rows: write every DP rank's file
+        if payload.dump is not None:
+            write_step(dump_dir, payload.step, payload.dump, new_session=True)
     # current_minibatch: per mini-batch the mask ran on the current policy's values, then on the old policy's
     per_mb = 2 if stats_source == "current_minibatch" else 1
     masks = []

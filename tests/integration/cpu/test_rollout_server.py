@@ -13,6 +13,7 @@ import torch
 from stapo_verl.cpu import make_assets as M
 from stapo_verl.cpu.rollout_server import (
     CPURolloutServer,
+    HFGenerator,
     SamplingSettings,
     derive_max_tokens,
     process_logits,
@@ -293,31 +294,69 @@ def test_generation_ends_at_an_id_of_the_configured_generation_config(base_like_
 
 def test_seeded_request_samples_the_same_whatever_its_batch(tiny_model_dir):
     """A request with a seed samples a function of (prompt, seed, weights): alone, in a batch of 6 in another order,
-    in a batch of 40 (above the 8-row floor) and in a batch of 3 (below it), tokens and log-probs are bit-identical.
-    Unseeded, the same request in a batch draws from the shared generator (what vLLM does without a seed)."""
-    from stapo_verl.cpu.rollout_server import HFGenerator
-
+    in a batch of 40 (two blocks, the second filled with dummy rows; the request first, then at row 30) and in a
+    batch of 3 (one block, mostly dummy rows), tokens and log-probs are bit-identical. Unseeded, the same request
+    in a batch draws from the shared generator (what vLLM does without a seed)."""
     path, tok, prompts = tiny_model_dir
     s = _server(path)
     settings = SamplingSettings(temperature=1.0, logprobs=True)
     gen = s.generator
-    assert gen.pad_to == PROMPT_LEN
+    assert gen.pad_to == PROMPT_LEN and gen.block_rows == HFGenerator.BLOCK_ROWS
     alone = gen.generate(prompts[:1], [RESP_LEN], settings, [1234])[0]
     many = (prompts * 7)[:40]
+    batch_40 = gen.generate(many, [RESP_LEN] * 40, settings, list(range(100, 140)))
     in_40 = gen.generate(many, [RESP_LEN] * 40, settings, [1234] + list(range(39)))[0]
+    at_30 = gen.generate(many, [RESP_LEN] * 40, settings, list(range(30)) + [1234] + list(range(9)))[30]
     in_6 = gen.generate(prompts[::-1], [RESP_LEN] * 6, settings, [5, 4, 3, 2, 1, 1234])[-1]
     in_3 = gen.generate([prompts[2], prompts[0], prompts[1]], [RESP_LEN, 7, RESP_LEN], settings, [9, 1234, 8])[1]
-    assert in_40 == alone and in_6 == alone
+    assert in_40 == alone and in_6 == alone and at_30 == alone
     assert in_3[0] == alone[0][:7] and in_3[1] == alone[1][:7]  # same draws, cut at its own limit
+    # every request of the batch of 40 equals the same request served alone
+    assert all(gen.generate([p], [RESP_LEN], settings, [100 + i])[0] == batch_40[i] for i, p in enumerate(many))
     # the same seed twice in one batch: the same response; another seed: another one (for this prompt and model)
     twice = gen.generate([prompts[0], prompts[0], prompts[0]], [RESP_LEN] * 3, settings, [1234, 1234, 99])
     assert twice[0] == twice[1] == alone and twice[2][0] != alone[0]
-    # a ragged pad (pad_to=0) is not batch-invariant on this CPU: the same request alone and in a batch differ
-    ragged = HFGenerator(gen.model, sorted(gen.eos.tolist()), gen.pad_token_id, seed=0, pad_to=0)
-    lp_alone = ragged.generate(prompts[:1], [RESP_LEN], settings, [1234])[0][1]
-    lp_batch = ragged.generate(many, [RESP_LEN] * 40, settings, [1234] + list(range(39)))[0][1]
-    n = min(len(lp_alone), len(lp_batch))
-    assert lp_alone[:n] != lp_batch[:n]
+
+
+def _shapes_seen(gen, n_requests, prompts, settings):
+    """The ``(input_ids, attention_mask, KV length)`` shapes of every forward call of ``gen`` for ``n_requests``
+    concurrent requests, recorded with a forward pre-hook on the model."""
+    seen = []
+
+    def hook(_module, _args, kwargs):
+        past = kwargs.get("past_key_values")
+        seen.append((tuple(kwargs["input_ids"].shape), tuple(kwargs["attention_mask"].shape),
+                     0 if past is None else past.get_seq_length()))
+
+    handle = gen.model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        gen.generate((prompts * 50)[:n_requests], [RESP_LEN] * n_requests, settings, list(range(n_requests)))
+    finally:
+        handle.remove()
+    return seen
+
+
+def test_the_model_sees_the_same_shapes_whatever_the_number_of_requests(tiny_model_dir):
+    """Batch invariance by construction, so it cannot depend on the CPU's kernels: for 1, 3, 8, 9, 40 and 100
+    concurrent requests, every model call has ``block_rows`` rows and the prompt is padded to ``prompt_length``;
+    a block's t-th call has the same shapes whichever block and batch it belongs to. With ``block_rows=0`` (one
+    block per call) the row count follows the batch, which is what the blocks remove."""
+    path, _, prompts = tiny_model_dir
+    gen = _server(path).generator
+    settings = SamplingSettings(temperature=1.0, logprobs=True)
+    R = gen.block_rows
+    canonical = [((R, PROMPT_LEN), (R, PROMPT_LEN), 0)] + [((R, 1), (R, PROMPT_LEN + t), PROMPT_LEN + t - 1)
+                                                          for t in range(1, RESP_LEN)]
+    for n in (1, 3, 8, 9, 40, 100):
+        seen = _shapes_seen(gen, n, prompts, settings)
+        starts = [i for i, call in enumerate(seen) if call[2] == 0]  # a block starts with an empty KV cache
+        assert len(starts) == -(-n // R), (n, starts)
+        for a, b in zip(starts, starts[1:] + [len(seen)]):
+            assert 1 <= b - a <= RESP_LEN and seen[a:b] == canonical[: b - a], (n, seen[a:b])
+    one_block = HFGenerator(gen.model, sorted(gen.eos.tolist()), gen.pad_token_id, pad_to=PROMPT_LEN, block_rows=0)
+    assert {_shapes_seen(one_block, n, prompts, settings)[0][0][0] for n in (1, 3, 40)} == {1, 3, 40}
+    with pytest.raises(ValueError, match="block_rows=-1"):
+        HFGenerator(gen.model, [0], 0, block_rows=-1)
 
 
 def test_server_honours_the_request_seed(tiny_model_dir):

@@ -86,3 +86,6 @@ def test_payload_carries_every_dp_ranks_rows_once_per_update(runs):
         assert sil == sum(r["metrics"]["actor/stapo/num_masked"])  # under the caps, every silenced token is there
         assert 0 < len(r["rows"]) - sil <= sil
         assert r["rows_selected"] == len(r["rows"])
+        # the dump the driver writes: every DP rank's rows by rank, the table's rows in rank order (no cap reached)
+        assert set(r["dump"]) == {str(rank) for rank in ranks}
+        assert [row for rank in sorted(ranks) for row in r["dump"][str(rank)]] == r["rows"]

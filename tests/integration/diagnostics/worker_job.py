@@ -94,6 +94,7 @@ def main(out_path, model_dir, engine, tp, clip, dump_dir):
             "payload_step": p.step,
             "rows": p.rows,
             "rows_selected": p.rows_selected,
+            "dump": {str(rank): rows for rank, rows in p.dump.items()},  # every DP rank's rows, for the driver
             "histograms": {k: {"counts": list(h.counts), "edges": list(h.edges), "total": h.total,
                                "low": h.low, "high": h.high} for k, h in p.histograms.items()},
             "grad_norm": [float(x) for x in metrics["grad_norm"]],

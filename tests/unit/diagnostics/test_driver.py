@@ -2,7 +2,9 @@
 worker group returns what the actor workers return, with verl's real ``Tracking`` writing TensorBoard files.
 
 Checks the request the workers get, that the payload never reaches verl's ``reduce_metrics`` (and that it would
-break it), that tables and histograms reach the tracker, and the collapse z-scores and warning of a run.
+break it), that tables and histograms reach the tracker, that the driver writes every DP rank's token dump in the run
+directory (an empty file for a rank that silenced nothing) and replaces an interrupted attempt's rows on resume, and
+the collapse z-scores and warning of a run.
 """
 
 import types
@@ -41,6 +43,7 @@ class WorkerGroup:
 
     def __init__(self):
         self.requests = []
+        self.step = 0  # the trainer's global step, set by _update
 
     def update_actor(self, batch):
         from verl.utils import tensordict_utils as tu
@@ -50,8 +53,10 @@ class WorkerGroup:
         metrics = {"loss": [0.5, 0.7], "mfu": [0.1, 0.1], "grad_norm": [2.0, 4.0]}
         if request is not None:
             h = Histogram.of(torch.tensor([0.3, 0.5]), (0.0, 1.0, 2.0))
-            metrics[PAYLOAD_KEY] = [DiagnosticsPayload(step=len(self.requests), histograms={"entropy_adv_pos": h},
-                                                       rows=[ROW] if request else None, rows_selected=1)]
+            # rank 0 silenced nothing, rank 1 one token (a dump of every DP rank, as gather_rows sends it)
+            dump = {0: [], 1: [{**ROW, "step": self.step, "context": f"attempt {len(self.requests)}"}]}
+            metrics[PAYLOAD_KEY] = [DiagnosticsPayload(step=self.step, histograms={"entropy_adv_pos": h},
+                                                       rows=[ROW] if request else None, rows_selected=1, dump=dump)]
         return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
 
 
@@ -60,6 +65,7 @@ def trainer(tmp_path, monkeypatch):
     from verl.utils.tracking import Tracking
 
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "run" / "metrics.jsonl"))  # the run directory
     t = types.SimpleNamespace(config=_config(), global_steps=1, total_training_steps=4, actor_rollout_wg=WorkerGroup(),
                               logger=Tracking("p", "e", default_backend=["tensorboard"]))
     yield t
@@ -69,7 +75,7 @@ def trainer(tmp_path, monkeypatch):
 def _update(trainer, step, entropy=1.0):
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    trainer.global_steps = step
+    trainer.global_steps = trainer.actor_rollout_wg.step = step
     batch = types.SimpleNamespace(extra_info={})
     metrics = {"actor/entropy": entropy}
     PPOTrainer._update_actor(trainer, batch, metrics)
@@ -93,6 +99,28 @@ def test_payload_is_taken_out_before_verls_reduction_and_logged(trainer, tmp_pat
     assert text.step == 2 and "| a ⟦x⟧ b |" in text.tensor_proto.string_val[0].decode()
 
 
+def test_the_driver_writes_every_ranks_dump_and_a_resume_replaces_the_interrupted_rows(trainer, tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    for step in (1, 2, 3):
+        _update(trainer, step)
+    rows = {rank: [json.loads(x) for x in (run / f"stapo_tokens.dp{rank}.jsonl").read_text().splitlines()]
+            for rank in (0, 1)}
+    assert rows[0] == [] and [(r["step"], r["context"]) for r in rows[1]] == [(1, "attempt 1"), (2, "attempt 2"),
+                                                                           (3, "attempt 3")]
+    # a new driver process resumes from the step-1 checkpoint: steps 2-3 are trained again, their rows replaced
+    from stapo_verl.integration.verl_0_9_1.trainer import _STATE
+
+    del vars(trainer)[_STATE]
+    trainer.actor_rollout_wg = WorkerGroup()
+    for step in (2, 3):
+        _update(trainer, step)
+    again = [json.loads(x) for x in (run / "stapo_tokens.dp1.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["context"]) for r in again] == [(1, "attempt 1"), (2, "attempt 1"), (3, "attempt 2")]
+    assert (run / "stapo_tokens.dp0.jsonl").read_text() == ""
+
+
 def test_without_the_plugin_wrapper_the_payload_breaks_verls_reduction(trainer):
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
@@ -112,7 +140,7 @@ def test_collapse_z_scores_join_the_metrics_and_warn_once_past_the_threshold(tra
     assert len(lines) == 1 and lines[0].startswith("[stapo] collapse warning at step 5: actor/entropy = 0.2 is 9.8 sd "
                                                    "below its running mean 1 (sd 0.0816, previous 4 steps")
     assert "tracker table actor/stapo/tokens (last at step 5)" in lines[0]
-    assert "stapo_tokens.dp*.jsonl on the actor workers' nodes. No action taken." in lines[0]
+    assert "stapo_tokens.dp*.jsonl. No action taken." in lines[0]
 
 
 def test_runs_without_the_plugin_config_are_untouched(trainer):

@@ -11,6 +11,7 @@ from stapo_verl.diagnostics.shipping import (
     cap_rows,
     gather_rows,
     table_due,
+    table_rows,
     take_payloads,
 )
 
@@ -39,10 +40,11 @@ def test_cap_keeps_silenced_first_then_as_many_kept_in_order_and_deterministic()
     assert cap_rows(_rows(3, 1), 100, seed=0) == _rows(3, 1)
 
 
-def test_gather_without_a_group_caps_and_counts_what_was_selected():
+def test_gather_without_a_group_keeps_every_row_by_rank_and_the_table_caps_and_counts():
     rows = _rows(10, 30)
-    table, selected = gather_rows(rows, None, max_rows=8, seed=5)
-    assert table == cap_rows(rows, 8, seed=5) and selected == 40
+    assert gather_rows(rows, None, dp_rank=3) == {3: rows} and gather_rows([], None, dp_rank=0) == {0: []}
+    table, selected = table_rows({1: rows[:25], 0: rows[25:]}, max_rows=8, seed=5)
+    assert table == cap_rows(rows[25:] + rows[:25], 8, seed=5) and selected == 40  # rank order
 
 
 def test_take_payloads_removes_the_key_so_verls_reduction_never_sees_it():

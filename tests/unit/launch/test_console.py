@@ -96,3 +96,27 @@ def test_log_tail_drops_python_warnings_and_cuts_long_lines(tmp_path):
                     "StapoConfigError: actor_rollout_ref.actor.policy_loss.loss_mode='stapoo' is not a registered "
                     "policy loss"]
     assert log_tail(str(log), 2) == tail[-2:] and log_tail(str(log), 0) == []
+
+
+def test_a_stop_signal_keeps_the_console_running_and_hides_the_errors_of_processes_ending():
+    import os
+    import signal
+
+    from stapo_verl.launch.console import follow_stop_signals
+
+    out = io.StringIO()
+    console = Console(out)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        follow_stop_signals(console)
+        console.feed("ValueError: shown before the stop")
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            os.kill(os.getpid(), sig)  # the handler runs here: the console (this process) goes on
+        assert console.stopping
+        console.feed("Traceback (most recent call last):")  # a Ray worker dying of the same signal
+        console.feed("[stapo recipe] stopped by SIGTERM; the last complete checkpoint is ...")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert out.getvalue().splitlines() == ["ValueError: shown before the stop",
+                                           "[stapo recipe] stopped by SIGTERM; the last complete checkpoint is ..."]
