@@ -299,20 +299,26 @@ def _summary(config) -> list[tuple[str, Any]]:
     ]
 
 
-def _check_verl_version(_) -> str:
+def _check_verl_version(_) -> Check:
     """The installed verl against the one the plugin was written for, before anything composes.
 
+    Another verl is a ``WARN`` here, the first line on screen, not a failure: with it the plugin stays inactive, so a
+    job that needs the plugin (``loss_mode=stapo``, a ``token_mask``, the CPU platform) fails at the step that needs
+    it, naming both versions, while a job of verl's own losses starts as on the verl it was written for.
+
     Raises:
-        DryRunError: :func:`stapo_verl.launch.errors.verl_gate_message` (both versions, the fix, the override).
+        nothing (the mismatch is reported as a warning).
     """
     from stapo_verl.integration.verl_0_9_1 import VERL_VERSION, allowed_anyway
     from stapo_verl.launch.errors import installed_verl_problems, verl_gate_message
 
     problems = installed_verl_problems()
+    if not problems:
+        return Check(f"verl {VERL_VERSION}")
     gate = verl_gate_message(problems, allowed_anyway())
-    if gate:
-        raise DryRunError(gate)
-    return f"verl {VERL_VERSION}" if not problems else f"{problems[0]} (loaded anyway: STAPO_ALLOW_UNSUPPORTED_VERL=1)"
+    if gate is None:
+        return Check(f"{problems[0]} (loaded anyway: STAPO_ALLOW_UNSUPPORTED_VERL=1)", "WARN")
+    return Check(gate, "WARN")
 
 
 def _check_data(config) -> Check:

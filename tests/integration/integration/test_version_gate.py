@@ -157,6 +157,9 @@ def test_stapo_recipe_dry_run_fails_naming_both_versions(verl_090):
     assert out.returncode == 1, (out.stdout + out.stderr)[-4000:]
     assert len(_gate_lines(out.stderr)) == 1, out.stderr[-3000:]  # the import warning
     lines = out.stdout.splitlines()
+    # the first line on screen names both versions (a warning: the job's own steps decide whether it can start)
+    assert lines[0].startswith(f"[stapo dry-run] WARN  verl version: verl {OTHER} is installed; "), lines[0]
+    assert "the plugin stays inactive" in lines[0] and f"{ALLOW_ENV}=1" in lines[0], lines[0]
     fail = next(i for i, line in enumerate(lines) if line.startswith("[stapo dry-run] FAIL "))
     assert lines[fail] == "[stapo dry-run] FAIL  plugin import + entry point + verl version", lines[fail]
     assert "main_ppo.main" not in out.stdout  # nothing after the failing step ran
@@ -174,6 +177,18 @@ def test_a_job_without_stapo_passes_verls_start_up(verl_090):
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     assert "PASS  loss mode registered: loss_mode 'vanilla' registered" in out.stdout + out.stderr
     assert len(_gate_lines(out.stderr)) == 1
+    assert out.stdout.splitlines()[0].startswith(f"[stapo dry-run] WARN  verl version: verl {OTHER} is installed")
+
+
+def test_tiny_cpu_dry_run_fails_at_the_plugin_step_naming_both_versions(verl_090):
+    # the tiny recipe runs loss_mode=stapo on the plugin's CPU platform, neither of which another verl ever loads
+    out = _run(["bash", "recipes/run.sh", "tiny", "stapo", "--dry-run"], verl_090)
+    assert out.returncode == 1, (out.stdout + out.stderr)[-4000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"[stapo dry-run] WARN  verl version: verl {OTHER} is installed"), lines[0]
+    fail = next(i for i, line in enumerate(lines) if line.startswith("[stapo dry-run] FAIL "))
+    assert lines[fail] == "[stapo dry-run] FAIL  plugin import + entry point + verl version", lines[fail]
+    assert FOUND in lines[fail + 1] and f"{ALLOW_ENV}=1" in lines[fail + 1], lines[fail + 1]
 
 
 def test_override_loads_anyway_with_a_loud_warning(verl_090):
