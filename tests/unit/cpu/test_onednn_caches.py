@@ -6,8 +6,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from stapo_verl.cpu.rollout_server import ONEDNN_CACHE_CAPACITY, onednn_cache_env
 
 CACHE_VARS = ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
@@ -46,12 +44,11 @@ def test_server_environment_keeps_bfloat16_matmul_kernels_bounded(monkeypatch):
     for k in CACHE_VARS:
         monkeypatch.delenv(k, raising=False)
     unbounded = _growth_mib({})
-    if unbounded < 10:
-        pytest.skip(f"bfloat16 matmuls do not fill oneDNN's caches on this CPU (+{unbounded:.1f} MiB for 200 shapes)")
     bounded = _growth_mib(onednn_cache_env())  # the server actor's runtime_env (CPUReplica.launch_servers)
-    # the server's caches hold 64 kernels each, full after the first 100 shapes: the next 200 add (almost) nothing
-    assert bounded < unbounded / 5, (bounded, unbounded)
-
+    # the server's caches hold 64 kernels each, full after the first 100 shapes: the next 200 add (almost) nothing.
+    # How much the uncapped caches grow depends on the CPU's bfloat16 kernels (+7.5 MiB on an AVX-512 Xeon without
+    # AMX, more with AMX); the capped growth stays under 2 MiB, or a fifth of the uncapped one, on every CPU.
+    assert bounded < max(2.0, unbounded / 5), (bounded, unbounded)
 
 def test_a_value_set_by_the_job_is_kept(monkeypatch):
     monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
