@@ -307,9 +307,11 @@ stapo_cpu_train() {
     if [[ ${STAPO_CONSOLE:-} == full ]]; then
         "${train[@]}" 2>&1 | tee -a "$RUN_DIR/train.log"
     else
-        # in a subshell whose stderr is the log too: the shell's own "Aborted" note, when Ray's processes ending on a
-        # stop take the launcher's Ray client with them, goes to the log, not the terminal
-        ("${train[@]}" 2>&1) 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log"
+        # the shell's own job note ("Aborted", "Terminated") when Ray's processes, ending on a stop, take the
+        # launcher's Ray client with them is written to this group's stderr: the log, not the terminal (fd 3 keeps
+        # the terminal for the console's own errors)
+        { ("${train[@]}" 2>&1) 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log" 2>&3; } \
+            3>&2 2>>"$RUN_DIR/train.log"
     fi
     rc=${PIPESTATUS[0]}
     trap - INT TERM
@@ -321,7 +323,7 @@ stapo_cpu_train() {
     esac
     if [[ -n $STAPO_STOPPED ]]; then # the launcher ended before it could say so (Ray's processes went first)
         "$PY" -m stapo_verl.launch.train --run-dir "$RUN_DIR" --command "$(stapo_cpu_command "$method")" \
-            --after-stop "$STAPO_STOPPED" -- "${STAPO_OVERRIDES[@]}" 2>>"$RUN_DIR/train.log"
+            --after-stop "$STAPO_STOPPED" --started-at "$start" -- "${STAPO_OVERRIDES[@]}" 2>>"$RUN_DIR/train.log"
         return $?
     fi
     end=$(date +%s)

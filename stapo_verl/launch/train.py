@@ -27,6 +27,8 @@ In one process, so verl and the plugin are imported once:
    stopped_message`); no traceback. The signal reaches Ray's own processes as well, and the launcher's Ray client
    may end on their going before it gets there; then the recipe runs ``--after-stop SIGNAL``, which does the same
    from the composed config.
+6. Ray is shut down when main_ppo returns, fails or is stopped, and the ``/dev/shm`` entries the job's killed
+   processes left behind are removed (:mod:`stapo_verl.launch.shm`).
 
 Before step 1, :func:`checked_config` stops with one line naming the fix, and exit status
 :data:`~stapo_verl.launch.errors.EXIT_CONFIG` (2), on a verl the plugin was not written for, overrides that do not
@@ -50,6 +52,7 @@ import signal
 import sys
 import time
 
+from stapo_verl.launch import shm
 from stapo_verl.launch.console import training_header
 from stapo_verl.launch.errors import EXIT_CONFIG
 from stapo_verl.launch.resume import (
@@ -208,19 +211,31 @@ def stop_on_signals():
             signal.signal(sig, handler)
 
 
-def shut_down_after_stop(stop: StopRequested, save_dir: str, command: str) -> int:
-    """After :class:`StopRequested`: end Ray (this process started the local cluster, or is a client of one), remove
-    the checkpoint folders the stop interrupted, print :func:`stapo_verl.launch.resume.stopped_message`; returns the
-    exit status, 128 + the signal's number."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+def end_ray(started: float | None, why: str) -> None:
+    """End Ray (this process started the local cluster, or is a client of one), then remove the ``/dev/shm`` entries
+    the job's killed processes left (:func:`stapo_verl.launch.shm.remove_orphans`, entries created since ``started``,
+    seconds since the epoch; None: none removed). Raises nothing: a failure is one line on stderr."""
     try:
         import ray
 
         if ray.is_initialized():
             ray.shutdown()
-    except Exception as exc:  # noqa: BLE001  (the stop goes on: say it, once)
-        print(f"{PREFIX} ray.shutdown after the stop failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001  (the shutdown goes on: say it, once)
+        print(f"{PREFIX} ray.shutdown {why} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    if started is not None:
+        removed = shm.remove_orphans(started)
+        if removed:
+            print(f"{PREFIX} removed {len(removed)} shared-memory object(s) the job's killed processes left in "
+                  f"{shm.SHM_DIR}: {' '.join(removed)}", file=sys.stderr, flush=True)
+
+
+def shut_down_after_stop(stop: StopRequested, save_dir: str, command: str, started: float | None = None) -> int:
+    """After :class:`StopRequested`: :func:`end_ray`, remove the checkpoint folders the stop interrupted, print
+    :func:`stapo_verl.launch.resume.stopped_message`; returns the exit status, 128 + the signal's number.
+    ``started``: when the run started (seconds since the epoch), for :func:`end_ray`."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    end_ray(started, "after the stop")
     last, _removed = remove_incomplete_checkpoints(save_dir)
     print(stopped_message(str(stop), save_dir, last, command), flush=True)
     return 128 + stop.signum
@@ -238,8 +253,12 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
     ap.add_argument("--after-stop", choices=("SIGINT", "SIGTERM"), default=None,
                     help="the run was stopped by this signal before the launcher could say so (Ray's processes, "
                          "signalled with it, can end the launcher first): clean up and say where it resumes")
+    ap.add_argument("--started-at", type=float, default=None,
+                    help="with --after-stop: when the stopped run started (seconds since the epoch), so that the "
+                         "shared-memory objects its killed processes left are removed")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, after --")
     a = ap.parse_args(argv)
+    started = time.time()
     if a.after_stop:
         from stapo_verl.launch.compose import compose_config
 
@@ -250,7 +269,8 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
         except Exception as exc:  # noqa: BLE001  (the run composed before it was stopped; say it, once)
             print(f"{PREFIX} ERROR: the overrides do not compose: {' '.join(str(exc).split())}", file=sys.stderr)
             return EXIT_CONFIG
-        return shut_down_after_stop(StopRequested(getattr(signal, a.after_stop)), state.save_dir, a.command)
+        return shut_down_after_stop(StopRequested(getattr(signal, a.after_stop)), state.save_dir, a.command,
+                                    a.started_at)
     config = checked_config(a.overrides, verl_problems)
     if config is None:
         return EXIT_CONFIG
@@ -272,9 +292,13 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
         with stop_on_signals():
             getattr(importlib.import_module(module), function)()  # @hydra.main parses sys.argv, exits non-zero on error
     except StopRequested as stop:
-        return shut_down_after_stop(stop, state.save_dir, a.command)
+        return shut_down_after_stop(stop, state.save_dir, a.command, started)
+    except BaseException:
+        end_ray(started, "after main_ppo failed")
+        raise
     finally:
         finish_metrics(a.run_dir)
+    end_ray(started, "after training")
     return 0
 
 

@@ -163,22 +163,40 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path, run_a):
     assert {name: (b_dir / name).read_bytes() for name in before} == before
 
 
+#: the project's reward function, held (not answering) once checkpoint 2 is complete: a run given it stops making
+#: progress in step 3 whatever the machine's speed, so a signal sent after checkpoint 2 always lands between
+#: checkpoints 2 and 4 (with the plain reward, step 4 and its checkpoint could complete before the signal arrives)
+HELD_REWARD = """
+import os, time
+from stapo_verl.rewards import compute_score as _compute_score
+TRACKER = {tracker!r}
+
+def compute_score(*args, **kwargs):
+    while os.path.exists(TRACKER) and open(TRACKER).read().strip() == "2":
+        time.sleep(0.5)
+    return _compute_score(*args, **kwargs)
+"""
+
+
 def test_sigterm_between_checkpoints_is_a_stop_and_the_same_command_resumes(tmp_path, run_a):
     """What Slurm does at a time limit: SIGTERM to the job's processes (here the recipe's process group) after
-    checkpoint 2, during step 4. The job ends within a minute with 143, leaves none of its processes, prints where
-    the last complete checkpoint is and that the same command resumes, shows no traceback and no failure tail; the
-    same command then trains steps 3-4 to A's metrics."""
+    checkpoint 2, during step 3 (held there by :data:`HELD_REWARD`). The job ends within a minute with 143, leaves
+    none of its processes, prints where the last complete checkpoint is and that the same command resumes, shows no
+    traceback, no shell job note and no failure tail; the same command then trains steps 3-4 to A's metrics."""
     import os
     import signal
 
     import psutil
 
     c_dir = tmp_path / "c"
-    proc = recipe_process("tiny_cpu_stapo.sh", c_dir, *COMMAND, log=tmp_path / "c1.log", **ENV)
     tracker = c_dir / "ckpt" / "latest_checkpointed_iteration.txt"
+    held = tmp_path / "held_reward.py"
+    held.write_text(HELD_REWARD.format(tracker=str(tracker)))
+    proc = recipe_process("tiny_cpu_stapo.sh", c_dir, *COMMAND, f"reward.custom_reward_function.path={held}",
+                          log=tmp_path / "c1.log", **ENV)
     try:
         _wait_for(lambda: tracker.exists() and tracker.read_text().strip() == "2", proc, 900, "checkpoint 2")
-        _wait_for(lambda: _has_step_row(c_dir / "metrics.jsonl", 3), proc, 300, "step-3 row")
+        time.sleep(2)  # into step 3 (where the run now waits for its rewards); where exactly does not matter
         job = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         os.killpg(proc.pid, signal.SIGTERM)  # the recipe runs in its own session: its group is its pid
         rc = proc.wait(timeout=60)
@@ -189,6 +207,7 @@ def test_sigterm_between_checkpoints_is_a_stop_and_the_same_command_resumes(tmp_
     assert f"[stapo recipe] stopped by SIGTERM; the last complete checkpoint is {c_dir}/ckpt/global_step_2 (step 2); " \
            "the same command resumes from it: bash recipes/tiny_cpu_stapo.sh" in out.splitlines(), out[-3000:]
     assert "Traceback" not in out and "main_ppo failed" not in out, out[-3000:]
+    assert not any(note in out for note in ("Aborted", "Terminated", "Killed")), out[-3000:]  # the shell's job notes
 
     def alive(pid):
         try:

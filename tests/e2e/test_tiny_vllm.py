@@ -11,19 +11,23 @@ The run: 2 steps with a checkpoint at 2, then the same command with 3 steps resu
 produced the rollouts (its actor in the log, the project's CPU server nowhere), the silenced-token statistics and the
 rollout/actor log-prob comparison are logged, the weight sync reaches the engine (the rollout and the actor compute in
 fp32 on one set of weights, so their token probabilities agree to 1e-3 at every step, where a rollout left on older
-weights differs by more than 0.5: see the constant below), and the resume trains step 3 only.
+weights differs by more than 0.5: see the constant below), the resume trains step 3 only, and neither run leaves
+anything in ``/dev/shm`` (``stapo_verl.launch.shm``: each run left vLLM's two message-queue blocks, about 400 MB,
+before the launcher removed them).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 from support.procs import REPO, kill_tree
 from support.runs import SMALL, check_denominator, failure_text, metrics_by_step, recipe_process, run_config
 
 from stapo_verl.cpu import ledger
 from stapo_verl.integration.source_fingerprint import ledger_mismatches
+from stapo_verl.launch import shm
 
 PL = "actor_rollout_ref.actor.policy_loss"
 #: τ_p = 0.9: many positive-advantage tokens are S2T candidates, so the mask's statistics are not all zero
@@ -49,13 +53,18 @@ def _run(run_dir, *overrides, log) -> subprocess.CompletedProcess:
 
 def test_vllm_rollout_trains_syncs_weights_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
+    started = time.time()
     r = _run(run_dir, "trainer.total_training_steps=2", log=tmp_path / "first.log")
+    # nothing of the run left in /dev/shm: vLLM's message-queue blocks (psm_*) and the reward pool's semaphores
+    # (sem.mp-*), which Ray's SIGKILL of the workers and their resource trackers would leave, held by no process
+    assert shm.orphans(started) == [], sorted(os.listdir(shm.SHM_DIR))
     assert r.returncode == 0, failure_text(run_dir, r)
     assert run_config(run_dir).actor_rollout_ref.rollout.name == "vllm"
     train_log = (run_dir / "train.log").read_text(errors="replace")
     assert "vLLMHttpServer pid=" in train_log and "CPURolloutServer" not in train_log
     r = _run(run_dir, "trainer.total_training_steps=3", log=tmp_path / "second.log")
     assert r.returncode == 0, failure_text(run_dir, r)
+    assert shm.orphans(started) == [], sorted(os.listdir(shm.SHM_DIR))
     assert f"training {run_dir} (steps 3-3)" in r.stdout  # resumed from the step-2 checkpoint
 
     rows = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
