@@ -225,8 +225,9 @@ def end_ray(started: float | None, why: str) -> None:
     if started is not None:
         removed = shm.remove_orphans(started)
         if removed:
-            print(f"{PREFIX} removed {len(removed)} shared-memory object(s) the job's killed processes left in "
-                  f"{shm.SHM_DIR}: {' '.join(removed)}", file=sys.stderr, flush=True)
+            # housekeeping, for the log only (the console shows "[stapo ...]" lines, not this one)
+            print(f"stapo-verl launcher: removed {len(removed)} shared-memory object(s) the job's killed processes "
+                  f"left in {shm.SHM_DIR}: {' '.join(removed)}", file=sys.stderr, flush=True)
 
 
 def shut_down_after_stop(stop: StopRequested, save_dir: str, command: str, started: float | None = None) -> int:

@@ -13,7 +13,8 @@ One command, three ways:
    wandb run directory are read back (tables, histograms, charts; wandb's table JSON) and its console must show the
    collapse early-warning (a threshold this low fires once the 2-step warm-up is over).
 2. **B**: the same command while a CPU burner runs, killed with ``kill -9`` (the whole process tree) after its
-   step-2 checkpoint, once it has written rows of step 3; a half-written ``global_step_4`` is left behind, as a kill
+   step-2 checkpoint, once it has written rows of step 3 (its reward held from then on, so step 4 cannot complete
+   first: :data:`HELD_REWARD`); a half-written ``global_step_4`` is left behind, as a kill
    during a save leaves it. Then the same command again (burner still running): it resumes from step 2.
 3. The same command once more: the run is complete, nothing runs.
 
@@ -73,6 +74,35 @@ def _has_step_row(path, step: int) -> bool:
     return path.exists() and any(r.get("step") == step for r in _rows(path) if r)
 
 
+#: the project's reward function, held (not answering) once checkpoint 2 is complete and step 3's metrics row is
+#: written: a run given it stops making progress in step 4 whatever the machine's speed, so a kill or a signal sent
+#: after step 3's row always lands between checkpoints 2 and 4 (with the plain reward, step 4 and its checkpoint could
+#: complete before it arrives). It scores like the plain one, so the trajectory is the command's.
+HELD_REWARD = """
+import json, os, time
+from stapo_verl.rewards import compute_score as _compute_score
+TRACKER, METRICS = {tracker!r}, {metrics!r}
+
+def _held():
+    if not (os.path.exists(TRACKER) and open(TRACKER).read().strip() == "2" and os.path.exists(METRICS)):
+        return False
+    return any(json.loads(x).get("step") == 3 for x in open(METRICS).read().splitlines() if x.strip())
+
+def compute_score(*args, **kwargs):
+    while _held():
+        time.sleep(0.5)
+    return _compute_score(*args, **kwargs)
+"""
+
+
+def _held_reward(run_dir, tmp_path) -> str:
+    """The override that gives the run at ``run_dir`` :data:`HELD_REWARD`."""
+    path = tmp_path / f"held_reward_{run_dir.name}.py"
+    path.write_text(HELD_REWARD.format(tracker=str(run_dir / "ckpt" / "latest_checkpointed_iteration.txt"),
+                                       metrics=str(run_dir / "metrics.jsonl")))
+    return f"reward.custom_reward_function.path={path}"
+
+
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory):
     """Run A: the command on an otherwise idle machine."""
@@ -124,7 +154,8 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path, run_a):
     assert (a_dir / "ckpt" / "global_step_2" / "stapo_driver_state.json").is_file()
 
     with cpu_burner():
-        proc = recipe_process("tiny_cpu_stapo.sh", b_dir, *COMMAND, log=tmp_path / "b1.log", **ENV)
+        proc = recipe_process("tiny_cpu_stapo.sh", b_dir, *COMMAND, _held_reward(b_dir, tmp_path),
+                              log=tmp_path / "b1.log", **ENV)
         tracker = b_dir / "ckpt" / "latest_checkpointed_iteration.txt"
         try:
             _wait_for(lambda: tracker.exists() and tracker.read_text().strip() == "2", proc, 900, "checkpoint 2")
@@ -163,24 +194,9 @@ def test_same_command_same_run_under_load_and_after_kill_9(tmp_path, run_a):
     assert {name: (b_dir / name).read_bytes() for name in before} == before
 
 
-#: the project's reward function, held (not answering) once checkpoint 2 is complete: a run given it stops making
-#: progress in step 3 whatever the machine's speed, so a signal sent after checkpoint 2 always lands between
-#: checkpoints 2 and 4 (with the plain reward, step 4 and its checkpoint could complete before the signal arrives)
-HELD_REWARD = """
-import os, time
-from stapo_verl.rewards import compute_score as _compute_score
-TRACKER = {tracker!r}
-
-def compute_score(*args, **kwargs):
-    while os.path.exists(TRACKER) and open(TRACKER).read().strip() == "2":
-        time.sleep(0.5)
-    return _compute_score(*args, **kwargs)
-"""
-
-
 def test_sigterm_between_checkpoints_is_a_stop_and_the_same_command_resumes(tmp_path, run_a):
     """What Slurm does at a time limit: SIGTERM to the job's processes (here the recipe's process group) after
-    checkpoint 2, during step 3 (held there by :data:`HELD_REWARD`). The job ends within a minute with 143, leaves
+    checkpoint 2, during step 4 (held there by :data:`HELD_REWARD`). The job ends within a minute with 143, leaves
     none of its processes, prints where the last complete checkpoint is and that the same command resumes, shows no
     traceback, no shell job note and no failure tail; the same command then trains steps 3-4 to A's metrics."""
     import os
@@ -190,13 +206,11 @@ def test_sigterm_between_checkpoints_is_a_stop_and_the_same_command_resumes(tmp_
 
     c_dir = tmp_path / "c"
     tracker = c_dir / "ckpt" / "latest_checkpointed_iteration.txt"
-    held = tmp_path / "held_reward.py"
-    held.write_text(HELD_REWARD.format(tracker=str(tracker)))
-    proc = recipe_process("tiny_cpu_stapo.sh", c_dir, *COMMAND, f"reward.custom_reward_function.path={held}",
+    proc = recipe_process("tiny_cpu_stapo.sh", c_dir, *COMMAND, _held_reward(c_dir, tmp_path),
                           log=tmp_path / "c1.log", **ENV)
     try:
         _wait_for(lambda: tracker.exists() and tracker.read_text().strip() == "2", proc, 900, "checkpoint 2")
-        time.sleep(2)  # into step 3 (where the run now waits for its rewards); where exactly does not matter
+        _wait_for(lambda: _has_step_row(c_dir / "metrics.jsonl", 3), proc, 300, "step-3 row")
         job = [proc.pid] + [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
         os.killpg(proc.pid, signal.SIGTERM)  # the recipe runs in its own session: its group is its pid
         rc = proc.wait(timeout=60)
