@@ -1,0 +1,277 @@
+"""Benchmark: a small-scale instability testbed for STAPO's central claim, defined before it is looked for.
+
+The paper (arXiv 2602.15620, §1 and §5) says GRPO-style training degrades late (entropy rebounds, accuracy falls) and
+that silencing the rare spurious tokens (positive advantage, low probability, low entropy) prevents it. On the tiny
+CPU task at the tiny recipe's settings (20 steps, lr 2e-4) nothing goes wrong (``benchmarks/paired_comparison.py``:
+STAPO − vanilla +0.001 [−0.014, +0.016]). This benchmark first searches, with vanilla GRPO only, for a setting in which
+training fails by the criterion below, then compares the arms in it.
+
+Pre-registration (fixed in this docstring before any STAPO arm runs in a searched setting; the commit that adds
+this file is the record; changing it afterwards needs a new commit that says why)
+====================================================================================================================
+
+**Failure of a run** (:func:`instability`): any of the three, each judged only after the first
+:data:`WARMUP_STEPS` = 10 steps (the tiny run sharpens fast in its first ~10 steps: entropy falls to about a third,
+accuracy rises by 15-20 points; that is learning, not failure):
+
+1. *accuracy collapse*: at two consecutive validation points after step 10 (validation every 10 steps on all 640
+   rows, one sample each at T = 1: standard error <= 2.0 points), ``val-core/math_dapo/acc/mean@1`` is at least
+   :data:`ACC_DROP` = 0.05 below its running best (over every earlier validation point, step 0 included);
+2. *entropy rebound*: ``actor/entropy`` is at least :data:`ENTROPY_RISE` = 1.5 times its running minimum (over every
+   earlier step) for :data:`ENTROPY_RUN` = 3 consecutive steps;
+3. *gradient blow-up*: ``actor/stapo/lm_head_grad_norm`` (the LM head's gradient norm before clipping; every arm runs
+   with a token mask so the plugin records it, vanilla with the keep-all mask) exceeds :data:`GRAD_FACTOR` = 5 times
+   the median of its previous :data:`GRAD_WINDOW` = 10 steps.
+
+**Onset**: the first step at which a criterion is met (1: the first of the two validation points; 2: the first of
+the three steps; 3: that step). A run that fails by several criteria reports the earliest onset and every criterion.
+
+**Search** (``--search``): vanilla only, 2 seeds per candidate (:data:`CANDIDATES`, the knobs a verl user turns:
+learning rate, steps, clip-higher, temperature, group size), every candidate's numbers kept. A candidate *qualifies*
+when both seeds fail; a qualifying candidate is then run with 5 vanilla seeds, and it is the testbed if at least 3 of
+the 5 fail. If none qualifies, the search is the result.
+
+**Primary comparison** in the testbed, paired over >= 5 seeds (the seeds of an arm pair share every random draw until
+their weights differ): STAPO (``s2t`` at the paper's τ_p = 0.002, and at the tiny recipe's 0.1) against vanilla (the
+paper's GRPO: verl's vanilla loss, token-mean, clip-higher): (a) the number of failed seeds per arm, with the
+discordant pairs (vanilla failed and STAPO not, and the reverse) and the exact two-sided sign test on them; (b)
+validation accuracy at the last step, the paired mean difference with its 95 % t interval.
+
+**Secondary**: the same against the paper's ablations with the same silenced count (``s2t_random``,
+``s2t_high_entropy``) and 20-Entropy (``top_entropy``); per arm: onset step; best and last validation accuracy;
+entropy curves; LM-head gradient norm (peak over median); the collapse early-warnings the plugin fired
+(``actor/stapo/collapse/*``) and how many came before the onset (the warning's lead time in steps); the rate of
+sampled tokens with p < 1e-4 at the last checkpoint; the silenced share of the gradient per step.
+
+Usage::
+
+    python benchmarks/instability_testbed.py --search                   # every candidate, vanilla, seeds 1-2
+    python benchmarks/instability_testbed.py --search --only lr6e-4     # one candidate
+    python benchmarks/instability_testbed.py --search --dry             # the commands only
+
+Runs go to ``OUT/<candidate>/seed<s>/vanilla`` (default ``outputs/instability``); a finished run is not run again, so
+an interrupted search continues with the same command. ``OUT/search.md`` and ``OUT/search.json`` hold the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import paired_comparison as pc  # noqa: E402  (a sibling script: its runner, run layout and metrics reader)
+
+REPO = pc.REPO
+VAL_KEY, ENTROPY_KEY, LM_HEAD_KEY = pc.VAL_KEY, pc.ENTROPY_KEY, pc.LM_HEAD_KEY
+#: steps before any criterion is judged
+WARMUP_STEPS = 10
+#: accuracy collapse: drop below the running best, on this many consecutive validation points
+ACC_DROP, ACC_RUN = 0.05, 2
+#: entropy rebound: ratio to the running minimum, on this many consecutive steps
+ENTROPY_RISE, ENTROPY_RUN = 1.5, 3
+#: gradient blow-up: ratio to the median of the previous GRAD_WINDOW steps
+GRAD_FACTOR, GRAD_WINDOW = 5.0, 10
+#: validation every this many steps (and before training)
+TEST_FREQ = 10
+#: seeds per candidate in the search
+SEARCH_SEEDS = 2
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What :func:`instability` found in one run.
+
+    Attributes:
+        failed: a criterion was met.
+        onset: the earliest onset step (None when not failed).
+        criteria: ``{criterion: onset step}`` for each criterion met (``accuracy``, ``entropy``, ``grad``).
+    """
+
+    failed: bool
+    onset: int | None
+    criteria: dict = field(default_factory=dict)
+
+
+def _accuracy_onset(val: dict[int, float]) -> int | None:
+    best, run = -1.0, []
+    for step in sorted(val):
+        if step > WARMUP_STEPS and best >= 0 and val[step] <= best - ACC_DROP:
+            run.append(step)
+            if len(run) == ACC_RUN:
+                return run[0]
+        else:
+            run = []
+        best = max(best, val[step])
+    return None
+
+
+def _entropy_onset(ent: dict[int, float]) -> int | None:
+    low, run = float("inf"), []
+    for step in sorted(ent):
+        if step > WARMUP_STEPS and ent[step] >= ENTROPY_RISE * low:
+            run.append(step)
+            if len(run) == ENTROPY_RUN:
+                return run[0]
+        else:
+            run = []
+        low = min(low, ent[step])
+    return None
+
+
+def _grad_onset(grad: dict[int, float]) -> int | None:
+    steps = sorted(grad)
+    for i, step in enumerate(steps):
+        if step > WARMUP_STEPS and i >= GRAD_WINDOW:
+            if grad[step] > GRAD_FACTOR * statistics.median(grad[s] for s in steps[i - GRAD_WINDOW:i]):
+                return step
+    return None
+
+
+def instability(metrics: dict[int, dict]) -> Verdict:
+    """The pre-registered failure criterion (module docstring) applied to one run.
+
+    Args:
+        metrics: ``{step: {key: value}}`` as :func:`paired_comparison.read_metrics` reads verl's ``file`` logger
+            (validation at step 0 is a row of its own). Steps without a key are skipped for that criterion.
+
+    Returns:
+        a :class:`Verdict`. Raises nothing.
+    """
+    series = {key: {s: float(m[key]) for s, m in metrics.items() if key in m}
+              for key in (VAL_KEY, ENTROPY_KEY, LM_HEAD_KEY)}
+    onsets = {"accuracy": _accuracy_onset(series[VAL_KEY]), "entropy": _entropy_onset(series[ENTROPY_KEY]),
+              "grad": _grad_onset(series[LM_HEAD_KEY])}
+    met = {k: v for k, v in onsets.items() if v is not None}
+    return Verdict(bool(met), min(met.values()) if met else None, met)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A setting of the search: the vanilla arm of the tiny recipe with these Hydra overrides, for ``steps`` steps."""
+
+    name: str
+    steps: int
+    overrides: tuple = ()
+    about: str = ""
+
+
+A = "actor_rollout_ref"
+#: cheapest and most likely first (the tiny recipe: lr 2e-4, clip 0.2 / 0.28, T = 1, n = 8, 20 steps; at 1e-3 it
+#: collapsed within 5 steps, an early failure, not the late one the paper describes)
+CANDIDATES = (
+    Candidate("lr4e-4", 100, (f"{A}.actor.optim.lr=4e-4",), "lr 4e-4 (one of two earlier 20-step seeds fell below start)"),
+    Candidate("lr6e-4", 100, (f"{A}.actor.optim.lr=6e-4",), "lr 6e-4"),
+    Candidate("lr4e-4_clip0.4", 100, (f"{A}.actor.optim.lr=4e-4", f"{A}.actor.clip_ratio_high=0.4"),
+              "lr 4e-4, clip-higher 0.4"),
+    Candidate("lr4e-4_T1.2", 100, (f"{A}.actor.optim.lr=4e-4", f"{A}.rollout.temperature=1.2"),
+              "lr 4e-4, rollout temperature 1.2 (validation stays at T = 1)"),
+    Candidate("lr4e-4_n4", 100, (f"{A}.actor.optim.lr=4e-4", f"{A}.rollout.n=4"), "lr 4e-4, group size 4"),
+    Candidate("lr2e-4_200", 200, (), "the tiny recipe's lr 2e-4, 200 steps"),
+)
+
+
+def search_plan(out: Path, names: list[str], seeds: list[int]) -> list[tuple]:
+    """``(candidate, seed, run_dir, env, argv)`` of every search run: the paired comparison's ``vanilla`` arm (the
+    keep-all mask, so the LM-head norm is recorded), validation before training and every :data:`TEST_FREQ` steps on
+    every validation row, one checkpoint at the end."""
+    plan = []
+    for cand in (c for c in CANDIDATES if c.name in names):
+        for s in seeds:
+            run_dir = out / cand.name / f"seed{s}" / "vanilla"
+            env, argv = pc.run_command(pc.ARMS["vanilla"], s, run_dir, steps=cand.steps, test_freq=TEST_FREQ,
+                                       val_before_train=True, val_max_samples=None, extra=list(cand.overrides))
+            plan.append((cand, s, run_dir, env, argv))
+    return plan
+
+
+def search_table(rows: list[dict]) -> str:
+    """Markdown of the search: one line per run, then one per candidate (failed seeds, qualifies)."""
+    lines = ["| candidate | seed | steps done | failed | onset | criteria | val acc step 0 / best / last | entropy "
+             "min / last | LM-head peak / median |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['candidate']} | {r['seed']} | {r['steps_done']} | {'yes' if r['failed'] else 'no'} | "
+                     f"{r['onset'] if r['onset'] is not None else '—'} | "
+                     f"{', '.join(f'{k} @{v}' for k, v in r['criteria'].items()) or '—'} | "
+                     f"{r['acc0']:.3f} / {r['acc_best']:.3f} / {r['acc_last']:.3f} | "
+                     f"{r['ent_min']:.3f} / {r['ent_last']:.3f} | {r['lm_peak_over_median']:.2f} |")
+    by = {}
+    for r in rows:
+        by.setdefault(r["candidate"], []).append(r["failed"])
+    lines += ["", "| candidate | seeds failed | qualifies (all of its search seeds failed) |", "|---|---|---|"]
+    lines += [f"| {c} | {sum(f)} of {len(f)} | {'yes' if len(f) == SEARCH_SEEDS and all(f) else 'no'} |"
+              for c, f in by.items()]
+    return "\n".join(lines)
+
+
+def run_row(cand: Candidate, seed: int, metrics: dict[int, dict]) -> dict:
+    """One line of the search table from a run's metrics."""
+    v = instability(metrics)
+    val = {s: float(m[VAL_KEY]) for s, m in metrics.items() if VAL_KEY in m}
+    ent = {s: float(m[ENTROPY_KEY]) for s, m in metrics.items() if ENTROPY_KEY in m}
+    lm = [float(m[LM_HEAD_KEY]) for _, m in sorted(metrics.items()) if LM_HEAD_KEY in m]
+    nan = float("nan")
+    return {"candidate": cand.name, "seed": seed, "steps_done": max(ent, default=0), "failed": v.failed,
+            "onset": v.onset, "criteria": v.criteria, "acc0": val.get(0, nan),
+            "acc_best": max(val.values(), default=nan), "acc_last": val[max(val)] if val else nan,
+            "ent_min": min(ent.values(), default=nan), "ent_last": ent[max(ent)] if ent else nan,
+            "lm_peak_over_median": max(lm) / statistics.median(lm) if lm else nan,
+            "val": val, "entropy": ent}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--search", action="store_true", help="run the search (vanilla, 2 seeds per candidate)")
+    ap.add_argument("--only", default=None, help=f"comma-separated candidates; known: {[c.name for c in CANDIDATES]}")
+    ap.add_argument("--first-seed", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=REPO / "outputs" / "instability")
+    ap.add_argument("--dry", action="store_true", help="print the commands and exit")
+    a = ap.parse_args(argv)
+    if not a.search:
+        ap.error("nothing to do: --search (the comparison in a qualifying setting follows the search)")
+    known = [c.name for c in CANDIDATES]
+    names = known if a.only is None else [x.strip() for x in a.only.split(",") if x.strip()]
+    if unknown := [x for x in names if x not in known]:
+        ap.error(f"--only: unknown candidate(s) {unknown}; known: {known}")
+    seeds = list(range(a.first_seed, a.first_seed + SEARCH_SEEDS))
+    out = a.out.resolve()
+    plan = search_plan(out, names, seeds)
+    if a.dry:
+        for _, _, _, env, cmd in plan:
+            print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(cmd))
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    for k, (cand, s, run_dir, env, cmd) in enumerate(plan, 1):
+        if pc.run_done(run_dir, cand.steps):
+            print(f"[instability] {k}/{len(plan)} {cand.name} seed {s}: done before, kept", flush=True)
+            continue
+        print(f"[instability] {k}/{len(plan)} {cand.name} seed {s} ({time.time() - t0:.0f} s so far)", flush=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        with open(run_dir.parent / "vanilla.console.log", "a") as log:
+            rc = subprocess.call(cmd, env={**os.environ, **env}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        print(f"[instability] {cand.name} seed {s}: exit {rc} in {time.time() - started:.0f} s", flush=True)
+    rows = [run_row(cand, s, pc.read_metrics(run_dir / "metrics.jsonl"))
+            for cand, s, run_dir, _, _ in plan if (run_dir / "metrics.jsonl").exists()]
+    text = "\n".join([f"# Instability search (vanilla, seeds {seeds[0]}-{seeds[-1]})", "",
+                      "Criterion: benchmarks/instability_testbed.py (pre-registered). Candidates: "
+                      + "; ".join(f"`{c.name}` = {c.about}, {c.steps} steps" for c in CANDIDATES if c.name in names)
+                      + ".", "", search_table(rows), "",
+                      f"Command: `python benchmarks/instability_testbed.py {shlex.join(sys.argv[1:])}`"])
+    (out / "search.md").write_text(text + "\n")
+    (out / "search.json").write_text(json.dumps(rows, indent=1, default=str))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

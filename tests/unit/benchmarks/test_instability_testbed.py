@@ -1,0 +1,77 @@
+"""The instability testbed's pre-registered failure criterion (``benchmarks/instability_testbed.py``): each of the
+three criteria on series built to meet it just, miss it just, or meet it inside the warm-up; the onset it reports;
+and the search's commands (the paired comparison's vanilla arm with the candidate's overrides last)."""
+
+import pytest
+from support.bench_modules import benchmark_module
+
+
+@pytest.fixture(scope="module")
+def tb():
+    with benchmark_module("paired_comparison"), benchmark_module("instability_testbed") as module:
+        yield module
+
+
+def _metrics(tb, val=None, ent=None, lm=None):
+    out = {}
+    for key, series in ((tb.VAL_KEY, val), (tb.ENTROPY_KEY, ent), (tb.LM_HEAD_KEY, lm)):
+        for step, value in (series or {}).items():
+            out.setdefault(step, {})[key] = value
+    return out
+
+
+def _falling_entropy(steps=30):
+    return {s: 0.6 * 0.9 ** s for s in range(1, steps + 1)}
+
+
+def test_a_run_that_learns_does_not_fail(tb):
+    v = tb.instability(_metrics(tb, val={0: 0.55, 10: 0.70, 20: 0.74, 30: 0.76}, ent=_falling_entropy(),
+                                lm={s: 1.0 + 0.1 * (s % 3) for s in range(1, 31)}))
+    assert v == tb.Verdict(False, None, {})
+
+
+def test_accuracy_collapse_needs_two_consecutive_points_after_the_warm_up(tb):
+    # 0.66 and 0.65 are 6 and 7 points below the best 0.72: onset at the first of the two
+    v = tb.instability(_metrics(tb, val={0: 0.55, 10: 0.70, 20: 0.72, 30: 0.66, 40: 0.65}))
+    assert (v.failed, v.onset, v.criteria) == (True, 30, {"accuracy": 30})
+    # one dip, then back: no failure
+    assert not tb.instability(_metrics(tb, val={0: 0.55, 10: 0.70, 20: 0.72, 30: 0.66, 40: 0.71})).failed
+    # 4 points below twice: no failure
+    assert not tb.instability(_metrics(tb, val={0: 0.55, 20: 0.72, 30: 0.68, 40: 0.68})).failed
+    # the drop at step 10 is inside the warm-up, so step 20 alone is one point: no failure
+    assert not tb.instability(_metrics(tb, val={0: 0.60, 10: 0.50, 20: 0.50})).failed
+
+
+def test_entropy_rebound_needs_three_steps_at_one_and_a_half_times_the_minimum(tb):
+    ent = {s: 1.0 - 0.05 * s for s in range(1, 17)}  # 0.2 at step 16
+    rebound = {**ent, 17: 0.31, 18: 0.32, 19: 0.35, 20: 0.2}
+    v = tb.instability(_metrics(tb, ent=rebound))
+    assert (v.failed, v.onset, v.criteria) == (True, 17, {"entropy": 17})
+    assert not tb.instability(_metrics(tb, ent={**ent, 17: 0.31, 18: 0.32, 19: 0.25})).failed  # two steps only
+    assert not tb.instability(_metrics(tb, ent={**ent, 17: 0.29, 18: 0.29, 19: 0.29})).failed  # 1.45x
+
+
+def test_gradient_blow_up_against_the_median_of_the_previous_ten_steps(tb):
+    flat = {s: 1.0 for s in range(1, 21)}
+    v = tb.instability(_metrics(tb, lm={**flat, 21: 5.1}))
+    assert (v.failed, v.onset, v.criteria) == (True, 21, {"grad": 21})
+    assert not tb.instability(_metrics(tb, lm={**flat, 21: 4.9})).failed
+    assert tb.instability(_metrics(tb, lm={s: 1.0 for s in range(1, 11)} | {11: 6.0})).onset == 11  # first judged
+    assert not tb.instability(_metrics(tb, lm={s: 1.0 for s in range(1, 10)} | {10: 50.0})).failed  # warm-up
+
+
+def test_several_criteria_report_the_earliest_onset_and_each_criterion(tb):
+    v = tb.instability(_metrics(tb, val={0: 0.55, 10: 0.70, 20: 0.72, 30: 0.60, 40: 0.60},
+                                lm={s: 1.0 for s in range(1, 25)} | {25: 9.0}))
+    assert (v.failed, v.onset, v.criteria) == (True, 25, {"accuracy": 30, "grad": 25})
+
+
+def test_search_runs_the_vanilla_arm_with_the_candidates_overrides_last(tb, tmp_path):
+    plan = tb.search_plan(tmp_path, ["lr4e-4_clip0.4"], [1, 2])
+    assert [(c.name, s, d) for c, s, d, _, _ in plan] == [
+        ("lr4e-4_clip0.4", s, tmp_path / "lr4e-4_clip0.4" / f"seed{s}" / "vanilla") for s in (1, 2)]
+    for cand, s, run_dir, env, argv in plan:
+        assert argv[3] == "top_entropy" and env["TOP_ENTROPY_RATIO"] == "1.0"  # vanilla = the keep-all mask
+        assert argv[-2:] == ["actor_rollout_ref.actor.optim.lr=4e-4", "actor_rollout_ref.actor.clip_ratio_high=0.4"]
+        assert f"data.seed={s}" in argv and "trainer.total_training_steps=100" in argv
+        assert "trainer.test_freq=10" in argv and "trainer.val_before_train=True" in argv
