@@ -57,10 +57,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -255,10 +253,8 @@ def main(argv=None) -> int:
             print(f"[instability] {k}/{len(plan)} {cand.name} seed {s}: done before, kept", flush=True)
             continue
         print(f"[instability] {k}/{len(plan)} {cand.name} seed {s} ({time.time() - t0:.0f} s so far)", flush=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        with open(run_dir.parent / "vanilla.console.log", "a") as log:
-            rc = subprocess.call(cmd, env={**os.environ, **env}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        rc = pc.run_logged(cmd, env, run_dir)
         print(f"[instability] {cand.name} seed {s}: exit {rc} in {time.time() - started:.0f} s", flush=True)
     rows = [run_row(cand, s, pc.read_metrics(run_dir / "metrics.jsonl"))
             for cand, s, run_dir, _, _ in plan if (run_dir / "metrics.jsonl").exists()]

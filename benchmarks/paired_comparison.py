@@ -222,6 +222,14 @@ def run_done(run_dir: Path, steps: int) -> bool:
     return max(read_metrics(metrics), default=-1) >= steps
 
 
+def run_logged(cmd: list[str], env: dict, run_dir: Path) -> int:
+    """Run one recipe command from the repository root with ``env`` added to this process's environment, its output
+    appended to ``<run_dir parent>/<run_dir name>.console.log``; returns its exit status. Raises nothing."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.parent / f"{run_dir.name}.console.log", "a") as log:
+        return subprocess.call(cmd, env={**os.environ, **env}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+
 def comparison_table(results: dict, arms: list[str], seeds: list[int], steps: int, step0_garbage: dict) -> str:
     """The markdown of the comparison: per-arm means over seeds and paired differences against the first arm."""
     from stapo_verl.diagnostics.paired import mean_interval, paired_difference
@@ -351,9 +359,7 @@ def main(argv=None) -> int:
             print(f"[paired] {k}/{len(plan)} seed {s} {name}: done before, kept", flush=True)
             continue
         print(f"[paired] {k}/{len(plan)} seed {s} {name} ({time.time() - t0:.0f} s so far)", flush=True)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        with open(run_dir.parent / f"{name}.console.log", "a") as log:
-            rc = subprocess.call(cmd, env={**os.environ, **env}, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        rc = run_logged(cmd, env, run_dir)
         if rc != 0:
             print(f"[paired] seed {s} {name} failed (exit {rc}); see {run_dir}/train.log", flush=True)
 
