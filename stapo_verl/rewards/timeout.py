@@ -29,6 +29,7 @@ What is project-specific (everything else is pebble's and the standard library's
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import dataclasses
 import logging
@@ -90,6 +91,43 @@ def _kill_fork_server() -> None:
             os.kill(pid, 9)
         except OSError:
             pass
+
+
+def _tracker_died() -> bool:
+    """True when this process started multiprocessing's resource tracker and it is no longer running.
+
+    The tracker is this process's child (``multiprocessing.resource_tracker``: ``_resource_tracker._pid``, a private
+    attribute read here and nowhere written), so ``waitpid(WNOHANG)`` tells whether it ended, and reaps it."""
+    from multiprocessing import resource_tracker
+
+    pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+    if not pid:
+        return False
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # reaped already (or not our child): gone
+        return True
+    return done == pid
+
+
+def _no_unregister_after_tracker_death() -> None:
+    """At exit of the process that owns the pool: if its resource tracker was killed, unregistering is a no-op.
+
+    Why: the pool's locks are named semaphores, registered with this process's resource tracker and unregistered by
+    their finalizers at exit (``multiprocessing.synchronize.SemLock._cleanup``: ``sem_unlink``, then
+    ``resource_tracker.unregister``). Ray kills a worker's child processes, the tracker among them, and a worker
+    that then exits normally runs those finalizers: ``unregister`` finds the tracker dead, starts a new one
+    ("resource_tracker: process died unexpectedly, relaunching") and sends it names it never registered, which it
+    reports as ``KeyError: '/mp-…'`` tracebacks on the job's console. The semaphores are unlinked either way (the
+    finalizer unlinks before it unregisters); what died with the tracker was only its list of names, so there is
+    nothing left to unregister. Registered with :mod:`atexit` when a pool starts, after ``multiprocessing.util``'s
+    own exit handler, so it runs first. Upstream: CPython's relaunched tracker could ignore an unknown name on
+    UNREGISTER (https://github.com/python/cpython/issues/82300 is the wider problem of the tracker's names).
+    """
+    from multiprocessing import resource_tracker
+
+    if _tracker_died():
+        resource_tracker.unregister = lambda name, rtype: None  # this process is exiting: see above
 
 
 def _env_int(name: str, default: int) -> int:
@@ -160,6 +198,8 @@ class KillableRunner:
         from stapo_verl.rewards.worker import call, initialize
 
         pool = ProcessPool(max_workers=self.max_workers, initializer=initialize, context=_forkserver_context())
+        atexit.unregister(_no_unregister_after_tracker_death)  # once per process, after multiprocessing's own
+        atexit.register(_no_unregister_after_tracker_death)
         box: dict[str, Any] = {}
 
         def ping() -> None:

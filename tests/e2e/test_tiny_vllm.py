@@ -22,7 +22,7 @@ import os
 import subprocess
 import time
 
-from support.procs import REPO, kill_tree
+from support.procs import REPO, kill_tree, no_shm_orphans_since
 from support.runs import SMALL, check_denominator, failure_text, metrics_by_step, recipe_process, run_config
 
 from stapo_verl.cpu import ledger
@@ -51,31 +51,20 @@ def _run(run_dir, *overrides, log) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, log.read_text(errors="replace"), "")
 
 
-def _no_orphans_since(started: float, wait_s: float = 15.0) -> bool:
-    """No ``/dev/shm`` entry created since ``started`` is held by no process, within ``wait_s`` (a job running beside
-    this one removes its own when its Ray is down, which may take a few seconds)."""
-    deadline = time.monotonic() + wait_s
-    while shm.orphans(started):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
-
-
 def test_vllm_rollout_trains_syncs_weights_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     started = time.time()
     r = _run(run_dir, "trainer.total_training_steps=2", log=tmp_path / "first.log")
     # nothing of the run left in /dev/shm: vLLM's message-queue blocks (psm_*) and the reward pool's semaphores
     # (sem.mp-*), which Ray's SIGKILL of the workers and their resource trackers would leave, held by no process
-    assert _no_orphans_since(started), sorted(os.listdir(shm.SHM_DIR))
+    assert no_shm_orphans_since(started), sorted(os.listdir(shm.SHM_DIR))
     assert r.returncode == 0, failure_text(run_dir, r)
     assert run_config(run_dir).actor_rollout_ref.rollout.name == "vllm"
     train_log = (run_dir / "train.log").read_text(errors="replace")
     assert "vLLMHttpServer pid=" in train_log and "CPURolloutServer" not in train_log
     r = _run(run_dir, "trainer.total_training_steps=3", log=tmp_path / "second.log")
     assert r.returncode == 0, failure_text(run_dir, r)
-    assert _no_orphans_since(started), sorted(os.listdir(shm.SHM_DIR))
+    assert no_shm_orphans_since(started), sorted(os.listdir(shm.SHM_DIR))
     assert f"training {run_dir} (steps 3-3)" in r.stdout  # resumed from the step-2 checkpoint
 
     rows = [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -59,3 +59,20 @@ def kill_tree(pid: int) -> list[int]:
             pass
     psutil.wait_procs(procs, timeout=30)
     return [p.pid for p in procs]
+
+
+def no_shm_orphans_since(started: float, prefixes: tuple[str, ...] | None = None, wait_s: float = 15.0) -> bool:
+    """True when no ``/dev/shm`` entry created since ``started`` is held by no process
+    (:func:`stapo_verl.launch.shm.orphans`), within ``wait_s``: a job running beside the test removes its own once its
+    Ray is down, which may take a few seconds."""
+    import time
+
+    from stapo_verl.launch import shm
+
+    kwargs = {} if prefixes is None else {"prefixes": prefixes}
+    deadline = time.monotonic() + wait_s
+    while shm.orphans(started, **kwargs):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True

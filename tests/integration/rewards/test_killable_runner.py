@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.procs import no_shm_orphans_since
 
 from stapo_verl.rewards import KillableRunner, compute_score
 from stapo_verl.rewards.equivalence import answers_equivalent
@@ -213,3 +214,30 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_an_exit_after_the_resource_tracker_was_killed_prints_no_traceback(tmp_path):
+    """What a Ray worker's exit looks like when Ray killed its child processes first: the pool's process exits
+    normally after its resource tracker was SIGKILLed. Its semaphores' finalizers would start a new tracker and send
+    it names it never registered (``KeyError: '/mp-…'`` tracebacks on the console); with the pool's exit hook they
+    do not, and the semaphores are unlinked all the same."""
+    from stapo_verl.launch import shm
+
+    started = time.time()
+    proc = _run_script("""
+        import os, signal
+        from multiprocessing import resource_tracker
+        from stapo_verl.rewards import KillableRunner
+        from stapo_verl.rewards.equivalence import answers_equivalent
+        runner = KillableRunner(timeout_s=60, max_workers=2)
+        print("ANSWER", runner.run(answers_equivalent, "1/2", "0.5").value)
+        os.kill(resource_tracker._resource_tracker._pid, signal.SIGKILL)
+        os.waitpid(resource_tracker._resource_tracker._pid, 0)
+        print("TRACKER KILLED", flush=True)
+    """, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "ANSWER True" in proc.stdout and "TRACKER KILLED" in proc.stdout, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyError" not in proc.stderr, proc.stderr
+    assert "relaunching" not in proc.stderr, proc.stderr  # no new tracker was started
+    assert _wait_no_process_mentioning(str(tmp_path)) == []
+    assert no_shm_orphans_since(started, ("sem.mp-",)), os.listdir(shm.SHM_DIR)  # the finalizers unlinked them
