@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from stapo_verl.algo.s2t import candidate_mask
-from stapo_verl.core.config import StapoConfigError
+from stapo_verl.algo.config_ranges import StapoConfigError
 from stapo_verl.minibatch.dump_schema import SCHEMA
 
 CONTEXT_TOKENS = 8
