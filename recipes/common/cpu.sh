@@ -309,7 +309,9 @@ stapo_cpu_train() {
     else
         # the shell's own job note ("Aborted", "Terminated") when Ray's processes, ending on a stop, take the
         # launcher's Ray client with them is written to this group's stderr: the log, not the terminal (fd 3 keeps
-        # the terminal for the console's own errors)
+        # the terminal for the console's own errors). Both append to the log and neither reads it (SC2094 is about
+        # reading and writing one file in a pipeline).
+        # shellcheck disable=SC2094
         { ("${train[@]}" 2>&1) 2>&1 | "$PY" -m stapo_verl.launch.console --log "$RUN_DIR/train.log" 2>&3; } \
             3>&2 2>>"$RUN_DIR/train.log"
     fi
