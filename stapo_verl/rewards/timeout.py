@@ -96,8 +96,10 @@ def _kill_fork_server() -> None:
 def _tracker_died() -> bool:
     """True when this process started multiprocessing's resource tracker and it is no longer running.
 
-    The tracker is this process's child (``multiprocessing.resource_tracker``: ``_resource_tracker._pid``, a private
-    attribute read here and nowhere written), so ``waitpid(WNOHANG)`` tells whether it ended, and reaps it."""
+    The tracker is normally this process's child (``multiprocessing.resource_tracker``: ``_resource_tracker._pid``, a
+    private attribute read here and nowhere written), so ``waitpid(WNOHANG)`` tells whether it ended (a killed child
+    stays a zombie until reaped, and this reaps it). A tracker that is not our child (inherited through ``os.fork``,
+    or already reaped) counts as dead only when no process has its pid."""
     from multiprocessing import resource_tracker
 
     pid = getattr(resource_tracker._resource_tracker, "_pid", None)
@@ -105,9 +107,16 @@ def _tracker_died() -> bool:
         return False
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # reaped already (or not our child): gone
+        return done == pid
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return True
-    return done == pid
+    except OSError:  # exists, not ours to signal
+        return False
+    return False
 
 
 def _no_unregister_after_tracker_death() -> None:
@@ -126,7 +135,11 @@ def _no_unregister_after_tracker_death() -> None:
     """
     from multiprocessing import resource_tracker
 
-    if _tracker_died():
+    try:
+        dead = _tracker_died()
+    except Exception:  # noqa: BLE001  (an exit hook must not print a traceback of its own)
+        return
+    if dead:
         resource_tracker.unregister = lambda name, rtype: None  # this process is exiting: see above
 
 
