@@ -48,9 +48,11 @@ Usage::
     python benchmarks/instability_testbed.py --search                   # every candidate, vanilla, seeds 1-2
     python benchmarks/instability_testbed.py --search --only lr6e-4     # one candidate
     python benchmarks/instability_testbed.py --search --dry             # the commands only
+    python benchmarks/instability_testbed.py --confirm lr4e-4           # a qualifying candidate, vanilla, seeds 1-5
 
 Runs go to ``OUT/<candidate>/seed<s>/vanilla`` (default ``outputs/instability``); a finished run is not run again, so
-an interrupted search continues with the same command. ``OUT/search.md`` and ``OUT/search.json`` hold the table.
+an interrupted search continues with the same command. ``OUT/search.md`` and ``OUT/search.json`` hold the table;
+``--confirm`` reuses the search's seeds 1-2 and writes ``OUT/confirm_<candidate>.md`` / ``.json``.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ GRAD_FACTOR, GRAD_WINDOW = 5.0, 10
 TEST_FREQ = 10
 #: seeds per candidate in the search
 SEARCH_SEEDS = 2
+#: a qualifying candidate's confirmation: this many vanilla seeds, of which at least CONFIRM_FAILS must fail
+CONFIRM_SEEDS, CONFIRM_FAILS = 5, 3
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,16 @@ def search_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def confirm_verdict(rows: list[dict]) -> str:
+    """The confirmation's one-line verdict: ``"testbed"`` when at least :data:`CONFIRM_FAILS` of
+    :data:`CONFIRM_SEEDS` vanilla seeds failed, ``"not a testbed"`` when that can no longer happen, ``"open"``
+    while seeds are missing. ``rows`` are :func:`run_row` outputs of one candidate."""
+    failed = sum(r["failed"] for r in rows)
+    if failed >= CONFIRM_FAILS:
+        return "testbed"
+    return "not a testbed" if failed + (CONFIRM_SEEDS - len(rows)) < CONFIRM_FAILS else "open"
+
+
 def run_row(cand: Candidate, seed: int, metrics: dict[int, dict]) -> dict:
     """One line of the search table from a run's metrics."""
     v = instability(metrics)
@@ -229,17 +243,24 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--search", action="store_true", help="run the search (vanilla, 2 seeds per candidate)")
     ap.add_argument("--only", default=None, help=f"comma-separated candidates; known: {[c.name for c in CANDIDATES]}")
+    ap.add_argument("--confirm", default=None, metavar="CANDIDATE",
+                    help=f"run a qualifying candidate with {CONFIRM_SEEDS} vanilla seeds (1-{CONFIRM_SEEDS})")
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "instability")
     ap.add_argument("--dry", action="store_true", help="print the commands and exit")
     a = ap.parse_args(argv)
-    if not a.search:
-        ap.error("nothing to do: --search (the comparison in a qualifying setting follows the search)")
+    if a.search == bool(a.confirm):
+        ap.error("say one of --search or --confirm CANDIDATE (the comparison in the testbed follows them)")
     known = [c.name for c in CANDIDATES]
-    names = known if a.only is None else [x.strip() for x in a.only.split(",") if x.strip()]
+    if a.confirm:
+        names, seeds = [a.confirm], list(range(1, CONFIRM_SEEDS + 1))
+        if a.confirm not in known:
+            ap.error(f"--confirm: unknown candidate {a.confirm!r}; known: {known}")
+    else:
+        names = known if a.only is None else [x.strip() for x in a.only.split(",") if x.strip()]
+        seeds = list(range(a.first_seed, a.first_seed + SEARCH_SEEDS))
     if unknown := [x for x in names if x not in known]:
         ap.error(f"--only: unknown candidate(s) {unknown}; known: {known}")
-    seeds = list(range(a.first_seed, a.first_seed + SEARCH_SEEDS))
     out = a.out.resolve()
     plan = search_plan(out, names, seeds)
     if a.dry:
@@ -258,13 +279,17 @@ def main(argv=None) -> int:
         print(f"[instability] {cand.name} seed {s}: exit {rc} in {time.time() - started:.0f} s", flush=True)
     rows = [run_row(cand, s, pc.read_metrics(run_dir / "metrics.jsonl"))
             for cand, s, run_dir, _, _ in plan if (run_dir / "metrics.jsonl").exists()]
-    text = "\n".join([f"# Instability search (vanilla, seeds {seeds[0]}-{seeds[-1]})", "",
+    title = f"Confirmation of {a.confirm}" if a.confirm else "Instability search"
+    text = "\n".join([f"# {title} (vanilla, seeds {seeds[0]}-{seeds[-1]})", "",
                       "Criterion: benchmarks/instability_testbed.py (pre-registered). Candidates: "
                       + "; ".join(f"`{c.name}` = {c.about}, {c.steps} steps" for c in CANDIDATES if c.name in names)
-                      + ".", "", search_table(rows), "",
-                      f"Command: `python benchmarks/instability_testbed.py {shlex.join(sys.argv[1:])}`"])
-    (out / "search.md").write_text(text + "\n")
-    (out / "search.json").write_text(json.dumps(rows, indent=1, default=str))
+                      + ".", "", search_table(rows), ""]
+                     + ([f"Verdict: **{confirm_verdict(rows)}** ({sum(r['failed'] for r in rows)} of {len(rows)} "
+                         f"seeds failed; a testbed needs {CONFIRM_FAILS} of {CONFIRM_SEEDS})", ""] if a.confirm else [])
+                     + [f"Command: `python benchmarks/instability_testbed.py {shlex.join(sys.argv[1:])}`"])
+    stem = f"confirm_{a.confirm}" if a.confirm else "search"
+    (out / f"{stem}.md").write_text(text + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(rows, indent=1, default=str))
     print(text)
     return 0
 

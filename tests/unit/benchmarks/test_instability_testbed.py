@@ -75,3 +75,13 @@ def test_search_runs_the_vanilla_arm_with_the_candidates_overrides_last(tb, tmp_
         assert argv[-2:] == ["actor_rollout_ref.actor.optim.lr=4e-4", "actor_rollout_ref.actor.clip_ratio_high=0.4"]
         assert f"data.seed={s}" in argv and "trainer.total_training_steps=100" in argv
         assert "trainer.test_freq=10" in argv and "trainer.val_before_train=True" in argv
+
+
+def test_confirmation_needs_three_of_five_failed_seeds_and_says_when_that_is_out_of_reach(tb):
+    rows = lambda *failed: [{"failed": f} for f in failed]  # noqa: E731
+    assert (tb.CONFIRM_SEEDS, tb.CONFIRM_FAILS) == (5, 3)
+    assert tb.confirm_verdict(rows(True, True, True)) == "testbed"
+    assert tb.confirm_verdict(rows(True, True, False, False, True)) == "testbed"
+    assert tb.confirm_verdict(rows(True, True, False, False)) == "open"
+    assert tb.confirm_verdict(rows(True, False, False, False)) == "not a testbed"
+    assert tb.confirm_verdict(rows(True, True, False, False, False)) == "not a testbed"
