@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -181,6 +182,69 @@ CANDIDATES = (
 )
 
 
+#: the arms of the comparison (module docstring), vanilla first: the paired comparison's arms, the paper's τ_p and
+#: the masking ablations (the same S2T keys as ``stapo``)
+TESTBED_ARMS = {
+    "vanilla": pc.ARMS["vanilla"],
+    "stapo": pc.ARMS["stapo"],
+    "stapo_paper_tau": pc.Arm("stapo_paper_tau", "stapo", overrides=(f"{A}.actor.policy_loss.tau_p=0.002",),
+                              about="vanilla + S2T at the paper's τ_p 0.002 (q 0.75)"),
+    "s2t_random": pc.Arm("s2t_random", "stapo_random", about="ablation: as many candidates silenced, at random"),
+    "s2t_high_entropy": pc.Arm("s2t_high_entropy", "stapo_high_entropy",
+                               about="ablation: the high-entropy candidates silenced"),
+    "top_entropy": pc.ARMS["top_entropy"],
+}
+
+
+def compare_plan(out: Path, cand: Candidate, arms: list[str], seeds: list[int]) -> list[tuple]:
+    """``(arm, seed, run_dir, env, argv)`` of every comparison run in ``cand``'s setting, arm by arm (so a stopped
+    comparison has whole arms); vanilla's runs are the search's and the confirmation's (same directories)."""
+    plan = []
+    for arm in arms:
+        for s in seeds:
+            run_dir = out / cand.name / f"seed{s}" / arm
+            env, argv = pc.run_command(TESTBED_ARMS[arm], s, run_dir, steps=cand.steps, test_freq=TEST_FREQ,
+                                       val_before_train=True, val_max_samples=None, extra=list(cand.overrides))
+            plan.append((arm, s, run_dir, env, argv))
+    return plan
+
+
+def sign_test(wins: int, losses: int) -> float:
+    """Exact two-sided sign test: P(a split at least this uneven) of ``wins + losses`` fair coin flips."""
+    n, k = wins + losses, min(wins, losses)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def compare_table(rows: dict[str, dict[int, dict]], arms: list[str], seeds: list[int]) -> str:
+    """Markdown of the comparison: per arm the failed seeds (with the discordant pairs against vanilla and the exact
+    sign test on them), the onsets, and the last validation accuracy with its paired difference to vanilla (95 %
+    t interval). ``rows[arm][seed]``: :func:`run_row` of a finished run (missing runs are left out of the pairs)."""
+    from stapo_verl.diagnostics.paired import mean_interval, paired_difference
+
+    base = rows.get("vanilla", {})
+    lines = ["| arm | seeds run | failed | vanilla failed, arm not / the reverse (sign test p) | onsets | "
+             "val acc, last step (mean ± 95 % CI) | − vanilla (paired 95 % CI) | val acc, best |",
+             "|---|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        got = {s: rows.get(arm, {}).get(s) for s in seeds}
+        done = [s for s in seeds if got[s] is not None]
+        paired = [s for s in done if s in base]
+        fixed = sum(base[s]["failed"] and not got[s]["failed"] for s in paired)
+        broke = sum(got[s]["failed"] and not base[s]["failed"] for s in paired)
+        last = [got[s]["acc_last"] for s in done]
+        diff = paired_difference([base[s]["acc_last"] for s in paired], [got[s]["acc_last"] for s in paired])
+        lines.append(f"| {arm} | {len(done)} | {sum(got[s]['failed'] for s in done)} | "
+                     + ("—" if arm == "vanilla" else f"{fixed} / {broke} (p = {sign_test(fixed, broke):.3f})")
+                     + f" | {', '.join(str(got[s]['onset']) if got[s]['failed'] else '—' for s in done)} | "
+                     f"{mean_interval(last).format(3).lstrip('+')} | "
+                     + ("—" if arm == "vanilla" else diff.format(3)) + " | "
+                     f"{mean_interval([got[s]['acc_best'] for s in done]).format(3).lstrip('+')} |")
+    return "\n".join(lines)
+
+
 def search_plan(out: Path, names: list[str], seeds: list[int]) -> list[tuple]:
     """``(candidate, seed, run_dir, env, argv)`` of every search run: the paired comparison's ``vanilla`` arm (the
     keep-all mask, so the LM-head norm is recorded), validation before training and every :data:`TEST_FREQ` steps on
@@ -239,19 +303,62 @@ def run_row(cand: Candidate, seed: int, metrics: dict[int, dict]) -> dict:
             "val": val, "entropy": ent}
 
 
+def compare(a, known: list[str]) -> int:
+    """``--compare``: the arms in a confirmed testbed (pre-registered comparison); writes ``compare_<cand>.md``."""
+    if a.compare not in known:
+        raise SystemExit(f"--compare: unknown candidate {a.compare!r}; known: {known}")
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    if unknown := [x for x in arms if x not in TESTBED_ARMS]:
+        raise SystemExit(f"--arms: unknown arm(s) {unknown}; known: {list(TESTBED_ARMS)}")
+    arms = ["vanilla", *[x for x in arms if x != "vanilla"]]
+    cand = next(c for c in CANDIDATES if c.name == a.compare)
+    seeds, out = list(range(1, a.seeds + 1)), a.out.resolve()
+    plan = compare_plan(out, cand, arms, seeds)
+    if a.dry:
+        for _, _, _, env, cmd in plan:
+            print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(cmd))
+        return 0
+    t0 = time.time()
+    for k, (arm, s, run_dir, env, cmd) in enumerate(plan, 1):
+        if pc.run_done(run_dir, cand.steps):
+            continue
+        print(f"[instability] compare {k}/{len(plan)} {arm} seed {s} ({time.time() - t0:.0f} s so far)", flush=True)
+        started = time.time()
+        rc = pc.run_logged(cmd, env, run_dir)
+        print(f"[instability] {arm} seed {s}: exit {rc} in {time.time() - started:.0f} s", flush=True)
+    rows: dict[str, dict[int, dict]] = {}
+    for arm, s, run_dir, _, _ in plan:
+        if pc.run_done(run_dir, cand.steps):
+            rows.setdefault(arm, {})[s] = run_row(cand, s, pc.read_metrics(run_dir / "metrics.jsonl"))
+    text = "\n".join([f"# Comparison in {cand.name} ({cand.about}, {cand.steps} steps), seeds 1-{a.seeds}", "",
+                      compare_table(rows, arms, seeds), "",
+                      "Arms: " + "; ".join(f"`{x}` = {TESTBED_ARMS[x].about}" for x in arms) + ".", "",
+                      f"Command: `python benchmarks/instability_testbed.py {shlex.join(sys.argv[1:])}`"])
+    (out / f"compare_{cand.name}.md").write_text(text + "\n")
+    (out / f"compare_{cand.name}.json").write_text(json.dumps(rows, indent=1, default=str))
+    print(text)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--search", action="store_true", help="run the search (vanilla, 2 seeds per candidate)")
     ap.add_argument("--only", default=None, help=f"comma-separated candidates; known: {[c.name for c in CANDIDATES]}")
     ap.add_argument("--confirm", default=None, metavar="CANDIDATE",
                     help=f"run a qualifying candidate with {CONFIRM_SEEDS} vanilla seeds (1-{CONFIRM_SEEDS})")
+    ap.add_argument("--compare", default=None, metavar="CANDIDATE",
+                    help="run the comparison's arms in a confirmed testbed (seeds 1-N, vanilla reused)")
+    ap.add_argument("--arms", default=",".join(TESTBED_ARMS), help=f"comma-separated; known: {list(TESTBED_ARMS)}")
+    ap.add_argument("--seeds", type=int, default=CONFIRM_SEEDS, help="--compare: seeds 1..N")
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "instability")
     ap.add_argument("--dry", action="store_true", help="print the commands and exit")
     a = ap.parse_args(argv)
-    if a.search == bool(a.confirm):
-        ap.error("say one of --search or --confirm CANDIDATE (the comparison in the testbed follows them)")
+    if sum(map(bool, (a.search, a.confirm, a.compare))) != 1:
+        ap.error("say one of --search, --confirm CANDIDATE or --compare CANDIDATE")
     known = [c.name for c in CANDIDATES]
+    if a.compare:
+        return compare(a, known)
     if a.confirm:
         names, seeds = [a.confirm], list(range(1, CONFIRM_SEEDS + 1))
         if a.confirm not in known:

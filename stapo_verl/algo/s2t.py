@@ -6,9 +6,10 @@ A response token (i, t) is *spurious* iff  Â_i > 0  and  p_{i,t} < τ_p  and  H
 P = {H_{i,t} : valid, Â_i > 0, p_{i,t} < τ_p}, gathered over the data-parallel group. Spurious tokens, and valid
 tokens whose log-prob or entropy is not finite, leave the policy-gradient term and its token-mean denominator.
 
-Torch only. One collective, over the group the caller passes: ``torch.distributed.all_gather_object`` of each
-rank's candidates (a few per response) and token counts (``None``, or no process group: one process holds all); an
-``observer`` (e.g. logging statistics) can send its own share in it instead of adding a collective.
+Torch only. The exchange over the group the caller passes (``None``, or no process group: one process holds all) is
+two tensor ``all_gather`` calls on the inputs' device: each rank's counts (candidates, valid, non-finite tokens),
+then its candidate rows padded to the largest count (a few per response). The caller puts the inputs on the
+group's device (for NCCL, the GPU), as verl's engines do with their token count.
 """
 
 from __future__ import annotations
@@ -50,27 +51,34 @@ def candidate_mask(log_prob, entropy, advantages, response_mask, tau_p: float) -
     return valid & finite & (adv > 0) & below_tau_p, nonfinite
 
 
-def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group=None, extra=None):
-    """The candidate population P of the whole group, with one ``all_gather_object``.
+def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group=None):
+    """The candidate population P of the whole group, with two tensor ``all_gather`` calls on the inputs' device.
 
     Args:
         log_prob, entropy, response_mask: (bs, T), as in :func:`candidate_mask`; candidates, nonfinite: its output.
         group: the data-parallel group whose ranks together hold the mini-batch (each token on one rank), or None.
-        extra: any picklable object this rank sends along in the same collective (None: nothing).
 
     Returns:
-        ``(rows, offset, n_valid, n_nonfinite, extras)``: rows (|P|, 2) float64 on the CPU, (H, log p) of the
+        ``(rows, offset, n_valid, n_nonfinite)``: rows (|P|, 2) float32 on the inputs' device, (H, log p) of the
         candidates of every rank in rank order; the index of this rank's first row; the group's valid and non-finite
-        token counts; every rank's ``extra``, in rank order.
+        token counts (ints).
     """
     rows = torch.stack([entropy.detach().float()[candidates], log_prob.detach().float()[candidates]], dim=1)
-    parts, rank = [(rows.double().cpu(), int(response_mask.bool().sum()), int(nonfinite.sum()), extra)], 0
-    if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
-        local, parts, rank = parts[0], [None] * dist.get_world_size(group), dist.get_rank(group)
-        dist.all_gather_object(parts, local, group=group)
-    offset = sum(part[0].shape[0] for part in parts[:rank])
-    n_valid, n_nonfinite = sum(p[1] for p in parts), sum(p[2] for p in parts)
-    return torch.cat([part[0] for part in parts]), offset, n_valid, n_nonfinite, [p[3] for p in parts]
+    counts = torch.stack([candidates.sum(), response_mask.bool().sum(), nonfinite.sum()]).to(rows.device)
+    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
+        n_valid, n_nonfinite = (int(c) for c in counts[1:].tolist())
+        return rows, 0, n_valid, n_nonfinite
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    all_counts = [torch.empty_like(counts) for _ in range(world)]
+    dist.all_gather(all_counts, counts, group=group)
+    table = torch.stack(all_counts).tolist()  # (world, 3): the one device-to-host copy
+    sizes = [row[0] for row in table]
+    padded = rows.new_zeros(max(max(sizes), 1), 2)
+    padded[: rows.shape[0]] = rows
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    rows = torch.cat([part[:size] for part, size in zip(parts, sizes)])
+    return rows, sum(sizes[:rank]), sum(row[1] for row in table), sum(row[2] for row in table)
 
 
 def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h: float | None) -> dict[str, float]:
@@ -90,24 +98,22 @@ def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h: float | N
     if tau_h is not None:
         metrics[prefix + "tau_h"] = float(tau_h)
     if n_masked > 0:
-        metrics[prefix + "masked_p_mean"] = float(rows[silenced, 1].exp().mean())
-        metrics[prefix + "masked_entropy_mean"] = float(rows[silenced, 0].mean())
+        metrics[prefix + "masked_p_mean"] = float(rows[silenced, 1].double().exp().mean())
+        metrics[prefix + "masked_entropy_mean"] = float(rows[silenced, 0].double().mean())
     return metrics
 
 
-def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, q=0.75, group=None, observer=None):
+def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, q=0.75, group=None):
     """Keep mask K = valid ∧ finite ∧ ¬spurious for this rank's share of one optimizer mini-batch.
 
     The candidates are gathered over ``group`` before τ_h is taken, so every rank applies the same τ_h and K does not
     depend on how the mini-batch is split over ranks or micro-batches.
 
     Args:
-        log_prob, entropy, advantages, response_mask: (bs, T), as in :func:`candidate_mask`.
+        log_prob, entropy, advantages, response_mask: (bs, T), as in :func:`candidate_mask`, on the device of
+            ``group``'s collectives.
         tau_p: τ_p (paper: 0.002). q: entropy quantile, 0 < q <= 1 (paper: 0.75). group: see
             :func:`gather_candidates`.
-        observer: None, or what rides on the same collective: ``observer.share(candidates)`` is sent along with this
-            rank's candidates; ``observer.gathered(rows, silenced, shares)`` then gets the group's candidate rows,
-            which of them are silenced ((|P|,) bool) and every rank's share, in rank order.
 
     Returns:
         ``(keep, metrics)``: keep (bs, T) bool on the device of ``log_prob``; metrics as :func:`s2t_metrics`.
@@ -118,14 +124,10 @@ def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, 
     Source: STAPO paper §3 and Algorithm 1 (τ_h: ``torch.quantile``, linear), generalised to data parallelism.
     """
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
-    share = observer.share(candidates) if observer is not None else None
-    gathered = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group, share)
-    rows, offset, n_valid, n_nonfinite, shares = gathered
-    entropies = rows[:, 0].float()
-    tau_h = float(torch.quantile(entropies, q)) if len(entropies) else None
-    silenced = entropies < tau_h if tau_h is not None else torch.zeros(0, dtype=torch.bool)
-    if observer is not None:
-        observer.gathered(rows, silenced, shares)
+    rows, offset, n_valid, n_nonfinite = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite,
+                                                           group)
+    tau_h = float(torch.quantile(rows[:, 0], q)) if len(rows) else None
+    silenced = rows[:, 0] < tau_h if tau_h is not None else torch.zeros(0, dtype=torch.bool, device=rows.device)
     spurious = torch.zeros_like(candidates)
     spurious[candidates] = silenced[offset : offset + int(candidates.sum())].to(candidates.device)
     return response_mask.bool() & ~nonfinite & ~spurious, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau_h)

@@ -37,7 +37,6 @@ def s2t_ablation_keep_mask(
     tau_p: float,
     select: CandidateSelection,
     group=None,
-    observer=None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Keep mask of an S2T ablation: the S2T candidates (Â > 0, p < τ_p, gathered over ``group``), of which
     ``select`` silences some; valid non-finite tokens are dropped as in S2T.
@@ -45,8 +44,7 @@ def s2t_ablation_keep_mask(
     Args:
         log_prob, entropy, advantages, response_mask: (bs, T), as in :func:`stapo_verl.algo.s2t.candidate_mask`.
         tau_p: τ_p. select: a deterministic :data:`CandidateSelection` (every rank must agree).
-        group: the data-parallel group holding the mini-batch, or None.
-        observer: rides on the one collective, as in :func:`stapo_verl.algo.s2t.s2t_keep_mask` (None: nothing).
+        group: the data-parallel group holding the mini-batch, or None (the inputs on its collectives' device).
 
     Returns:
         ``(keep (bs, T) bool, metrics)`` with the S2T mask's metric keys (``tau_h``: the selection's threshold).
@@ -55,12 +53,10 @@ def s2t_ablation_keep_mask(
         ValueError: the inputs do not share one shape.
     """
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
-    share = observer.share(candidates) if observer is not None else None
-    rows, offset, n_valid, n_nonfinite, shares = gather_candidates(log_prob, entropy, response_mask, candidates,
-                                                                   nonfinite, group, share)
-    silenced, tau = select(rows[:, 0].float())
-    if observer is not None:
-        observer.gathered(rows, silenced, shares)
+    rows, offset, n_valid, n_nonfinite = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite,
+                                                           group)
+    silenced, tau = select(rows[:, 0])
+    silenced = silenced.to(rows.device)
     spurious = torch.zeros_like(candidates)
     spurious[candidates] = silenced[offset : offset + int(candidates.sum())].to(candidates.device)
     return response_mask.bool() & ~nonfinite & ~spurious, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau)

@@ -14,8 +14,7 @@ never type it. Key names and defaults::
     actor_rollout_ref.actor.policy_loss.mask_statistics=true     # false: the mask's own metrics only
 
 The allowed values of every key are defined once, in :mod:`stapo_verl.algo.config_ranges` (which the library
-functions that take the same values call too); which token-mask keys apply is declared by the mask where it is
-registered (``config_keys``).
+functions that take the same values call too); every token-mask key is checked whenever a mask is selected.
 
 Source: STAPO paper (arXiv 2602.15620) §3 and §5 for the defaults; verl ``verl.workers.config.PolicyLossConfig``.
 """
@@ -47,6 +46,9 @@ from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
 
 logger = logging.getLogger(__name__)
 
+#: the ranged keys the registered masks read (:mod:`stapo_verl.core.masks`; ``random_mask_seed`` is any int),
+#: checked whenever a token mask is selected
+TOKEN_MASK_KEYS = ("tau_p", "entropy_quantile", "top_entropy_ratio")
 #: where the statistics the mask reads come from
 STATS_SOURCES = ("old_policy", "current_minibatch")
 #: loss modes of earlier stapo-verl versions → the ``token_mask`` that replaces them (with ``loss_mode=vanilla``)
@@ -205,7 +207,7 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         mask_statistics: log the mask statistics of every optimizer mini-batch (``actor/stapo/candidate_entropy_*``,
             ``pos_adv_below_tau_p_frac``, ``silenced_share_*``, ``silenced_grad_share*``; the p and H histograms;
             and with ``stats_source=current_minibatch`` the disagreement with the old policy's mask); S2T-family
-            masks only. They ride on the mask's own exchange over the DP group (no collective of their own). False:
+            masks only. One ``all_gather_object`` over the DP group per mini-batch, after the mask's. False:
             the mask does its own work only. Default True.
         dump_tokens: write the silenced tokens and as many kept candidates per step as JSONL
             (:mod:`stapo_verl.minibatch.token_dump`); S2T-family masks only.
@@ -225,13 +227,11 @@ class StapoPolicyLossConfig(PolicyLossConfig):
 
     Numeric keys (inherited ones included) accept numeric strings, coerced exactly. Every range above is defined
     once, in :mod:`stapo_verl.algo.config_ranges`; the token-mask keys (``tau_p``, ``entropy_quantile``,
-    ``top_entropy_ratio``, ``random_mask_seed``) are checked when the selected mask declares them (``config_keys`` of
-    its registration, :mod:`stapo_verl.core.masks`).
+    ``top_entropy_ratio``) are all checked whenever a token mask is selected.
 
     Raises:
         StapoConfigError: a value of the wrong type or out of range, an unknown ``token_mask``, a removed loss
-            mode or statistics source, ``loss_mode=stapo`` with a non-S2T mask, or a key the selected mask is
-            registered as reading that this config lacks.
+            mode or statistics source, or ``loss_mode=stapo`` with a non-S2T mask.
         StapoNotRegisteredError: a mask or ``loss_mode=stapo`` is configured but the plugin is not loaded here.
         stapo_verl.integration.verl_0_9_1.IncompatibleVerlError: a mask or ``loss_mode=stapo`` is configured on a
             verl the plugin was not written for (checked first; see :func:`require_plugin_loaded`).
@@ -316,17 +316,10 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         self._check_diagnostics()
 
     def _check_mask_keys(self) -> None:
-        """The keys the selected mask declares it reads (``config_keys`` of its registration): each must be a key of
-        this config, in its range (:data:`stapo_verl.algo.config_ranges.RANGES`) when it has one."""
-        keys = {f.name for f in dataclasses.fields(self)}
-        for key in POLICY_TOKEN_MASK_REGISTRY[self.token_mask].config_keys:
-            if key not in keys:
-                raise StapoConfigError(
-                    f"{_KEY}.token_mask={self.token_mask!r} is registered as reading {_KEY}.{key}, which this config "
-                    f"does not have: allowed keys {sorted(keys)}"
-                )
-            if key in RANGES:
-                check_range(key, getattr(self, key))
+        """The token-mask keys, each in its range (:data:`stapo_verl.algo.config_ranges.RANGES`), whichever mask is
+        selected (as verl's ``PolicyLossConfig`` checks ``dro_beta`` inline)."""
+        for key in TOKEN_MASK_KEYS:
+            check_range(key, getattr(self, key))
 
     def _check_diagnostics(self) -> None:
         """Ranges of the tracker-diagnostics keys (``dump_every``, ``table_max_rows``, ``collapse_*``)."""

@@ -16,20 +16,20 @@ Data contract (one optimizer mini-batch, per rank):
 ================================  =====================================================================
 
 Only the PG term uses them: the policy loss is called with ``response_mask := response_mask ∧ policy_loss_mask``
-and a shallow copy of the config whose ``global_batch_info["batch_num_tokens"]`` is ``policy_batch_num_tokens``,
-which composes with every registered policy loss and every ``loss_agg_mode``. The KL and entropy terms keep
+while ``config.global_batch_info["batch_num_tokens"]`` (the dict verl's ``ppo_loss`` rewrites on every
+micro-batch) holds ``policy_batch_num_tokens``, which composes with every registered policy loss and every
+``loss_agg_mode``. The KL and entropy terms keep
 ``response_mask`` and ``batch_num_tokens``, exactly as without a mask.
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils import tensordict_utils as tu
+from verl.utils.device import get_device_id
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding, response_to_nested
@@ -40,14 +40,11 @@ POLICY_LOSS_MASK_KEY = "policy_loss_mask"
 POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
-def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None, **mask_kwargs) -> dict[str, float]:
-    """Run the configured policy token mask on one optimizer mini-batch (``data``, this rank's share, as
-    ``TrainingWorker.train_batch`` receives it), before the engine splits it into micro-batches.
-
-    Writes ``data["policy_loss_mask"]`` (layout and dtype of ``response_mask``) and the non-tensor
-    ``policy_batch_num_tokens`` (its Σ over the mini-batch and ``dp_group``, the data-parallel group holding the
-    mini-batch), which ``ppo_loss`` uses for the policy-gradient term. Returns the mask's metrics. ``mask_kwargs``
-    are passed on to the mask function.
+def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None) -> dict[str, float]:
+    """Run the configured policy token mask on this rank's share of one optimizer mini-batch, before the engine
+    splits it; on ``get_device_id()`` when ``dp_group`` has several ranks (the collectives' device). Writes
+    ``policy_loss_mask`` (layout, dtype and device of ``response_mask``) and ``policy_batch_num_tokens`` (its Σ over
+    the group) for ``ppo_loss``'s policy-gradient term; returns the mask's metrics.
 
     Raises:
         ValueError: the mask is not registered. KeyError: the mini-batch lacks a field the mask reads.
@@ -56,17 +53,26 @@ def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None
     missing = [key for key in token_mask.required_fields if key not in data.keys()]
     if missing:
         raise KeyError(f"policy_loss.token_mask={config.policy_loss.token_mask!r}: the mini-batch is missing {missing}")
-    batch = {key: tu.get(data, key) for key in token_mask.required_fields}
-    batch = {k: v.to_padded_tensor(0) if isinstance(v, torch.Tensor) and v.is_nested else v for k, v in batch.items()}
-    keep, metrics = token_mask.fn(batch, config, dp_group, **mask_kwargs)
+    distributed = dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1
+    device = get_device_id() if distributed else None
+    batch = {}
+    for key in token_mask.required_fields:
+        value = tu.get(data, key)
+        if isinstance(value, torch.Tensor):
+            value = value.to_padded_tensor(0) if value.is_nested else value
+            value = value.to(device) if device is not None else value
+        batch[key] = value
+    keep, metrics = token_mask.fn(batch, config, dp_group)
     response_mask = data["response_mask"]
-    keep = keep.bool() & (response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask).bool()
+    padded_mask = response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask
+    keep = keep.to(padded_mask.device).bool() & padded_mask.bool()
     num_tokens = keep.sum()
-    if dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1:
+    if distributed:
+        num_tokens = num_tokens.to(device)
         dist.all_reduce(num_tokens, group=dp_group)
     keep = keep.to(response_mask.dtype)
     data[POLICY_LOSS_MASK_KEY] = response_to_nested(keep, response_mask) if response_mask.is_nested else keep
-    tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: int(num_tokens)})
+    tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: num_tokens.item()})
     return {**metrics, f"actor/{POLICY_BATCH_NUM_TOKENS_KEY}": float(num_tokens)}
 
 
@@ -78,8 +84,9 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
         entropy = no_padding_2_padding(entropy, data)
 
     # global batch info for loss aggregation
+    batch_num_tokens = data["batch_num_tokens"]
     config.global_batch_info["dp_size"] = data["dp_size"]
-    config.global_batch_info["batch_num_tokens"] = data["batch_num_tokens"]
+    config.global_batch_info["batch_num_tokens"] = batch_num_tokens
     config.global_batch_info["global_batch_size"] = data["global_batch_size"]
     config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
     # the policy token mask (policy_loss.token_mask): written by apply_policy_token_mask for the whole mini-batch
@@ -89,11 +96,8 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
             f"policy_loss.token_mask={token_mask!r}, but this micro-batch {'lacks' if token_mask else 'carries'} "
             f"{POLICY_LOSS_MASK_KEY!r}: apply_policy_token_mask must run on its mini-batch exactly when a mask is set"
         )
-    pg_config = config
-    if token_mask is not None:  # the policy-gradient term divides by the kept tokens (a copy: config is shared)
-        pg_config = copy.copy(config)
-        pg_batch_info = {**config.global_batch_info, "batch_num_tokens": max(data[POLICY_BATCH_NUM_TOKENS_KEY], 1)}
-        object.__setattr__(pg_config, "global_batch_info", pg_batch_info)  # a frozen field of BaseConfig
+    # the policy-gradient term divides by the kept tokens; the entropy and KL terms below by every valid token
+    pg_batch_num_tokens = max(data[POLICY_BATCH_NUM_TOKENS_KEY], 1) if token_mask is not None else batch_num_tokens
 
     # assumes that if any of the global batch info is set, the policy_loss_fn will
     # normalize using dp_size/global_bsz/global_token; in this case, metric aggregation should be SUM
@@ -138,15 +142,17 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
             None if x is None else torch.where(pg_mask, x, 0.0)
             for x in (old_log_prob, log_prob, advantages, rollout_is_weights)
         )
+    config.global_batch_info["batch_num_tokens"] = pg_batch_num_tokens
     pg_loss, pg_metrics = policy_loss_fn(
         old_log_prob=old_log_prob,
         log_prob=pg_log_prob,
         advantages=advantages,
         response_mask=pg_mask,
         loss_agg_mode=loss_agg_mode,
-        config=pg_config,
+        config=config,
         rollout_is_weights=rollout_is_weights,
     )
+    config.global_batch_info["batch_num_tokens"] = batch_num_tokens
 
     # AggregationType.MEAN for pg metrics: assumes policy_loss_fn normalizes by local_bsz/local_tokens
     # Ex: in compute_policy_loss_vanilla, pg_metrics are pg_clipfrac, ppo_kl, pg_clipfrac_lower

@@ -46,15 +46,15 @@ class StapoLossError(RuntimeError):
     """Raised when ``loss_mode=stapo`` runs without an S2T token mask."""
 
 
-@register_policy_token_mask("s2t", required_fields=S2T_FIELDS, config_keys=("tau_p", "entropy_quantile"))
-def compute_s2t_token_mask(batch, config, dp_group=None, observer=None):
+@register_policy_token_mask("s2t", required_fields=S2T_FIELDS)
+def compute_s2t_token_mask(batch, config, dp_group=None):
     """STAPO's S2T mask: keep every valid token except the spurious ones (Â > 0, p < τ_p, H < Quantile_q(P)).
 
     Args:
-        batch: ``old_log_probs``, ``entropy``, ``advantages`` (bs, T) float and ``response_mask`` (bs, T), padded.
+        batch: ``old_log_probs``, ``entropy``, ``advantages`` (bs, T) float and ``response_mask`` (bs, T), padded,
+            on the device of ``dp_group``'s collectives.
         config: actor config; reads ``policy_loss.tau_p`` and ``policy_loss.entropy_quantile``.
         dp_group: the data-parallel group holding the mini-batch (the candidate population is gathered over it).
-        observer: rides on the mask's collective (see ``s2t_keep_mask``), or None.
 
     Returns:
         ``(keep (bs, T) bool, metrics under "actor/stapo/")``.
@@ -69,30 +69,26 @@ def compute_s2t_token_mask(batch, config, dp_group=None, observer=None):
         tau_p=config.policy_loss.tau_p,
         q=config.policy_loss.entropy_quantile,
         group=dp_group,
-        observer=observer,
     )
 
 
-def _s2t_ablation(batch, config, dp_group, select, observer):
+def _s2t_ablation(batch, config, dp_group, select):
     pl = config.policy_loss
     return s2t_ablation_keep_mask(batch["old_log_probs"], batch["entropy"], batch["advantages"],
-                                  batch["response_mask"], tau_p=pl.tau_p, select=select, group=dp_group,
-                                  observer=observer)
+                                  batch["response_mask"], tau_p=pl.tau_p, select=select, group=dp_group)
 
 
-@register_policy_token_mask("s2t_high_entropy", required_fields=S2T_FIELDS,
-                            config_keys=("tau_p", "entropy_quantile"))
-def compute_s2t_high_entropy_token_mask(batch, config, dp_group=None, observer=None):
+@register_policy_token_mask("s2t_high_entropy", required_fields=S2T_FIELDS)
+def compute_s2t_high_entropy_token_mask(batch, config, dp_group=None):
     """Ablation: silence the high-entropy candidates (H > Quantile_{1−q}(P)); arguments and shapes as
     :func:`compute_s2t_token_mask`."""
-    return _s2t_ablation(batch, config, dp_group, high_entropy_selection(config.policy_loss.entropy_quantile),
-                         observer)
+    return _s2t_ablation(batch, config, dp_group, high_entropy_selection(config.policy_loss.entropy_quantile))
 
 
-@register_policy_token_mask("s2t_full", required_fields=S2T_FIELDS, config_keys=("tau_p",))
-def compute_s2t_full_token_mask(batch, config, dp_group=None, observer=None):
+@register_policy_token_mask("s2t_full", required_fields=S2T_FIELDS)
+def compute_s2t_full_token_mask(batch, config, dp_group=None):
     """Ablation (JustRL-FullMask): silence every candidate; arguments and shapes as :func:`compute_s2t_token_mask`."""
-    return _s2t_ablation(batch, config, dp_group, full_selection(), observer)
+    return _s2t_ablation(batch, config, dp_group, full_selection())
 
 
 def global_step_of(value) -> int:
@@ -115,9 +111,8 @@ def global_step_of(value) -> int:
     return int(value)
 
 
-@register_policy_token_mask("s2t_random", required_fields=(*S2T_FIELDS, "global_steps", "mini_batch_index"),
-                            config_keys=("tau_p", "entropy_quantile", "random_mask_seed"))
-def compute_s2t_random_token_mask(batch, config, dp_group=None, observer=None):
+@register_policy_token_mask("s2t_random", required_fields=(*S2T_FIELDS, "global_steps", "mini_batch_index"))
+def compute_s2t_random_token_mask(batch, config, dp_group=None):
     """Ablation: silence as many candidates as S2T would, drawn uniformly.
 
     The draw is seeded by :func:`stapo_verl.algo.selections.mask_seed` (``policy_loss.random_mask_seed``, verl's
@@ -127,11 +122,10 @@ def compute_s2t_random_token_mask(batch, config, dp_group=None, observer=None):
     """
     pl = config.policy_loss
     seed = mask_seed(pl.random_mask_seed, global_step_of(batch["global_steps"]), int(batch["mini_batch_index"]))
-    return _s2t_ablation(batch, config, dp_group, random_selection(pl.entropy_quantile, seed), observer)
+    return _s2t_ablation(batch, config, dp_group, random_selection(pl.entropy_quantile, seed))
 
 
-@register_policy_token_mask("top_entropy", required_fields=("entropy", "response_mask"),
-                            config_keys=("top_entropy_ratio",))
+@register_policy_token_mask("top_entropy", required_fields=("entropy", "response_mask"))
 def compute_top_entropy_token_mask(batch, config, dp_group=None):
     """20-Entropy baseline: keep the ⌈ρ·N⌉ tokens of highest entropy over the mini-batch (ρ = ``top_entropy_ratio``).
 

@@ -15,27 +15,23 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PolicyTokenMask:
-    """A registered policy token mask: ``fn``, the mini-batch fields it reads (``required_fields``) and the
-    ``policy_loss`` config keys it reads (``config_keys``; the config checks their values when the mask is selected)."""
+    """A registered policy token mask: ``fn`` and the mini-batch fields it reads (``required_fields``)."""
 
     fn: Callable
     required_fields: tuple[str, ...]
-    config_keys: tuple[str, ...] = ()
 
 
 POLICY_TOKEN_MASK_REGISTRY: dict[str, PolicyTokenMask] = {}
 
 
-def register_policy_token_mask(
-    name: str, required_fields: tuple[str, ...], config_keys: tuple[str, ...] = ()
-) -> Callable[[Callable], Callable]:
+def register_policy_token_mask(name: str, required_fields: tuple[str, ...]) -> Callable[[Callable], Callable]:
     """Register a policy token mask, selected with ``actor.policy_loss.token_mask=<name>`` (decorator).
 
     ``fn(batch, config, dp_group) -> (keep, metrics)`` runs once per optimizer mini-batch on every rank, before the
-    engine splits it (``apply_policy_token_mask``, whose keyword arguments are passed on). ``batch``: the
-    ``required_fields``, tensors padded to (bs, T); ``config``: the ``ActorConfig``; ``dp_group``: the data-parallel
-    group holding the mini-batch (None: one process); ``keep``: (bs, T) bool, the tokens of the policy-gradient term;
-    ``metrics``: ``{name: float}``. ``config_keys``: the ``policy_loss`` keys ``fn`` reads, checked at config build.
+    engine splits it (``apply_policy_token_mask``). ``batch``: the ``required_fields``, tensors padded to (bs, T) on
+    the device of the group's collectives; ``config``: the ``ActorConfig``; ``dp_group``: the data-parallel group
+    holding the mini-batch (None: one process); ``keep``: (bs, T) bool, the tokens of the policy-gradient term;
+    ``metrics``: ``{name: float}``. The mask's own ``policy_loss`` keys are validated by ``PolicyLossConfig``.
 
     Raises:
         ValueError: ``name`` is registered to another function (the same function may re-register).
@@ -46,7 +42,7 @@ def register_policy_token_mask(
         qualname = f"{fn.__module__}.{fn.__qualname__}"
         if existing is not None and f"{existing.fn.__module__}.{existing.fn.__qualname__}" != qualname:
             raise ValueError(f"policy token mask {name!r} is already registered; cannot register {qualname}")
-        POLICY_TOKEN_MASK_REGISTRY[name] = PolicyTokenMask(fn, tuple(required_fields), tuple(config_keys))
+        POLICY_TOKEN_MASK_REGISTRY[name] = PolicyTokenMask(fn, tuple(required_fields))
         return fn
 
     return decorator

@@ -24,13 +24,10 @@ Cost: three O(tokens) passes (the indices of the valid tokens with p < τ_p, the
 the gradient-norm bounds with their sums); everything else is O(low-probability tokens): the finiteness and sign
 tests, the candidates' thirds, two fixed-bin ``histc`` per sign, the candidate entropies' quantiles.
 
-In training they ride on the mask's own exchange (:class:`MaskStatisticsObserver`, the ``observer`` of
-:func:`stapo_verl.algo.s2t.s2t_keep_mask`): the candidates are the mask's, their entropies the ones it gathered, and
-each rank's share (its histograms, counts and bound sums, and each candidate's third and bounds, a few bytes per
-candidate) travels in the mask's one ``all_gather_object``, so a mini-batch has one collective for mask and
-statistics; which candidates are silenced is the mask's selection. :func:`mask_statistics` computes the same
-statistics for any keep mask with an exchange of its own. ``benchmarks/bench_diagnostics.py`` measures both at the
-production shape.
+In training the plugin's worker wrapper computes them after the mask, from the mask's keep, with
+:func:`mask_statistics` (one ``all_gather_object`` of each rank's share over the DP group: its histograms, counts
+and bound sums, a few bytes per candidate); the mask itself, which the upstream series copies into verl, knows
+nothing of them. ``benchmarks/bench_diagnostics.py`` measures mask and statistics at the production shape.
 
 Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is ``torch.quantile`` (linear), as τ_h in
 :func:`stapo_verl.algo.s2t.s2t_keep_mask`; Theorem 3.1 of the paper (after Yang et al. 2025, arXiv 2505.12929) for the
@@ -462,8 +459,7 @@ def mask_statistics(
 ) -> MaskStatistics:
     """The statistics of one optimizer mini-batch for any keep mask, global over ``group``, identical on every rank.
 
-    With its own ``all_gather_object``; in training the statistics of an S2T-family mask ride on the mask's exchange
-    instead (:class:`MaskStatisticsObserver`, same result for the mask's keep).
+    With its own ``all_gather_object`` (the plugin's worker wrapper calls it after the mask, with the mask's keep).
 
     Args:
         log_prob, entropy, advantages, response_mask, keep, tau_p, vocab_size, loss_agg_mode, rollout_is_weights:
@@ -487,93 +483,3 @@ def mask_statistics(
     parts = [None] * dist.get_world_size(group)
     dist.all_gather_object(parts, mine, group=group)
     return combine(parts)
-
-
-@dataclass
-class MaskStatisticsObserver:
-    """The mask statistics of one optimizer mini-batch, computed on the mask's own exchange: the ``observer`` of
-    :func:`stapo_verl.algo.s2t.s2t_keep_mask` (and of the S2T ablations, :mod:`stapo_verl.algo.selections`).
-
-    The mask calls :meth:`share` with its candidates before its ``all_gather_object`` and sends the result along,
-    then :meth:`gathered` with the group's candidate rows, its selection and every rank's share; :attr:`statistics`
-    is then what :func:`mask_statistics` returns for the mask's keep (the same numbers, bit for bit on the CPU) —
-    without a collective of its own and without selecting the candidates again. Every rank of the group must pass
-    an observer. One instance per mini-batch, owned by the caller.
-
-    Attributes:
-        log_prob, entropy, advantages: (bs, T) float, the fields the mask reads (padded, verl's response layout).
-        response_mask: (bs, T) bool or int.
-        tau_p: τ_p, ``policy_loss.tau_p``. vocab_size, loss_agg_mode, rollout_is_weights: as in
-            :func:`local_partials`.
-        statistics: :class:`MaskStatistics` once the mask ran, else None.
-    """
-
-    log_prob: torch.Tensor
-    entropy: torch.Tensor
-    advantages: torch.Tensor
-    response_mask: torch.Tensor
-    tau_p: float
-    vocab_size: int | None = None
-    loss_agg_mode: str = "token-mean"
-    rollout_is_weights: torch.Tensor | None = None
-    statistics: MaskStatistics | None = None
-
-    def share(self, candidates: torch.Tensor) -> dict:
-        """This rank's share, on the CPU, from the mask's candidates ((bs, T) bool, the valid finite tokens with
-        Â > 0 and p < τ_p): ``{"counts": (1,) int64 [n_positive], "thirds": (|P_rank|,) int8, "bounds": [(|P_rank|,)
-        lower, upper or None] (the candidates' Theorem 3.1 bounds), "all_sums": (2,) float64 [Σ lower, Σ upper (NaN
-        without |V|)] over the valid finite tokens, "histograms": {name: Histogram}}``.
-
-        Raises:
-            ValueError: the tensors do not share one shape, ``vocab_size`` < 2 or an unknown ``loss_agg_mode``.
-            stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range.
-        """
-        shapes = {tuple(t.shape) for t in (self.log_prob, self.entropy, self.advantages, self.response_mask,
-                                           candidates)}
-        if len(shapes) != 1:
-            raise ValueError(f"mask statistics need one (batch, response_len) shape, got {sorted(shapes)}")
-        lp, ent = self.log_prob.detach(), self.entropy.detach()
-        lo = _low_probability(lp, ent, self.advantages, self.response_mask, self.tau_p)
-        valid = self.response_mask.bool()
-        cand = candidates.to(valid.device).nonzero(as_tuple=True)  # one pass; O(candidates) from here on
-        bounds, _ = _bounds(lp, ent, self.advantages, valid, self.vocab_size, self.loss_agg_mode,
-                            self.rollout_is_weights)
-        all_sums = [torch.full((), math.nan, dtype=torch.float64, device=valid.device) if b is None
-                    else b.sum(dtype=torch.float64) for b in bounds]
-        neg = lo["neg"]
-        return {
-            "counts": lo["n_positive"].to(torch.int64).cpu(),
-            "thirds": _thirds(*cand, valid).to(torch.int8).cpu(),
-            "bounds": [None if b is None else b[cand].cpu() for b in bounds],
-            "all_sums": torch.stack(all_sums).cpu(),
-            "histograms": _histograms(ent[cand].float(), lp[cand].float(), lo["ent"][neg], lo["lp"][neg],
-                                      lo["p_edges"]),
-        }
-
-    def gathered(self, rows: torch.Tensor, silenced: torch.Tensor, shares: list) -> None:
-        """Combine the exchange into :attr:`statistics`.
-
-        Args:
-            rows: (|P|, 2) float64, (H, log p) of the group's candidates in rank order (the mask's gather).
-            silenced: (|P|,) bool, which of them the mask silences.
-            shares: every rank's :meth:`share`, in rank order.
-
-        Raises:
-            ValueError: a rank sent no share, or the shares do not add up to the candidate rows.
-        """
-        if any(share is None for share in shares):
-            raise ValueError("mask statistics on the mask's exchange: every rank of the group must pass an observer")
-        sizes = [share["thirds"].numel() for share in shares]
-        if sum(sizes) != rows.shape[0] or silenced.numel() != rows.shape[0]:
-            raise ValueError(f"mask statistics: the ranks' shares hold {sizes} candidates, the mask gathered "
-                             f"{rows.shape[0]} and silenced a selection of {silenced.numel()}")
-        counts, grad_sums = [], []
-        for share, sil in zip(shares, silenced.cpu().split(sizes), strict=True):
-            counts.append(torch.cat([share["counts"], torch.bincount(share["thirds"][sil].long(), minlength=3)]))
-            sums = []
-            for bound, whole in zip(share["bounds"], share["all_sums"], strict=True):
-                part = torch.full((), math.nan, dtype=torch.float64) if bound is None else bound[sil].sum(
-                    dtype=torch.float64)
-                sums += [part, whole]
-            grad_sums.append(torch.stack(sums))
-        self.statistics = _statistics(rows[:, 0].float(), counts, grad_sums, [s["histograms"] for s in shares])

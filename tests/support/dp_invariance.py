@@ -35,6 +35,7 @@ def loss_and_grad(rows, loss_mode, token_mask, group, dp_size):
 
 def worker(rank, port, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    use_cpu_platform()
     dist.init_process_group("gloo", rank=rank, world_size=2)
     torch.set_num_threads(1)
     res = {}
@@ -53,3 +54,14 @@ def worker(rank, port, out_path):
     dist.destroy_process_group()
 
 
+
+
+def use_cpu_platform() -> None:
+    """Make verl's ``get_device_id()`` name the CPU in a gloo test process (the mask pre-pass moves the mask's inputs
+    to the DP group's device, as verl's engines move their token count): verl's public ``set_platform`` with the
+    plugin's CPU platform, without the rest of ``VERL_PLATFORM=cpu``'s set-up."""
+    from verl.plugin.platform.platform_manager import set_platform
+
+    from stapo_verl.cpu.platform import PlatformCPU
+
+    set_platform(PlatformCPU())

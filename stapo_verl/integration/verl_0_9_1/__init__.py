@@ -81,7 +81,7 @@ PATCHES: tuple[Patch, ...] = (
         action="wrapped (training_worker.wrap_train_batch)",
         why="run the policy token mask once per optimizer mini-batch, before the engine counts the mini-batch's "
         "tokens (batch_num_tokens) and splits it into micro-batches; add the mask's metrics to the output",
-        upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, pre_loss_fn=None); train_batch runs the pre-pass "
+        upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None); train_batch runs the pre-pass "
         "before engine.train_batch; init_model passes "
         "partial(apply_policy_token_mask, actor_config) when token_mask is set",
         remove_when=_REMOVE,
@@ -333,8 +333,8 @@ PATCHES: tuple[Patch, ...] = (
         why="on the driver, before verl builds any config object: point policy_loss._target_ at the plugin's "
         "config class when loss_mode=stapo or a token_mask is set, then check the keys the mask depends on",
         upstream="PR A adds PolicyLossConfig.token_mask (declared in actor.yaml, validated in __post_init__), so "
-        "no _target_ is needed; PR B adds tau_p/entropy_quantile, validated when the selected mask declares them "
-        "(config_keys; 's2t' does). The other "
+        "no _target_ is needed; PR B adds tau_p/entropy_quantile, validated inline in __post_init__ when a "
+        "token_mask is set, as dro_beta is. The other "
         "checks have no upstream counterpart: there a batch without the declared fields raises a KeyError naming "
         "them, and distillation works because distillation_ppo_loss calls the masked ppo_loss",
         remove_when=_REMOVE,

@@ -6,8 +6,8 @@
   is set, :func:`stapo_verl.core.losses.apply_policy_token_mask` runs on the mini-batch before verl's body (so
   before the engine counts tokens), with the current policy's statistics when ``stats_source=current_minibatch``;
   the silenced tokens are dumped when ``dump_tokens`` is set; the mask's metrics, the mask statistics
-  (:mod:`stapo_verl.diagnostics.stats`; computed on the mask's own exchange over DP, one collective per mini-batch
-  for both, and not at all with ``mask_statistics=False``) and the LM-head gradient norm (:mod:`.engine_grads`)
+  (:mod:`stapo_verl.diagnostics.stats`; one ``all_gather_object`` over DP per mini-batch of their own, after the
+  mask's exchange, and none with ``mask_statistics=False``) and the LM-head gradient norm (:mod:`.engine_grads`)
   join the output. When the driver asked for diagnostics (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the
   last mini-batch of the update also carries the update's histograms and, when a table is due, the token rows of
   every DP rank (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`).
@@ -29,7 +29,7 @@ from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows, table_rows
-from stapo_verl.diagnostics.stats import MaskStatisticsObserver, is_vocab_size
+from stapo_verl.diagnostics.stats import MaskStatistics, is_vocab_size, mask_statistics
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
 
 #: worker output metric of the LM-head gradient norm (verl's driver keeps keys that already start with "actor/")
@@ -114,23 +114,16 @@ def _padded(value: torch.Tensor) -> torch.Tensor:
     return value.to_padded_tensor(0) if value.is_nested else value
 
 
-def _observed(observer) -> dict:
-    """The keyword arguments of :func:`apply_policy_token_mask` that hand ``observer`` to the mask (none for None)."""
-    return {} if observer is None else {"observer": observer}
-
-
-def _current_minibatch_mask(worker, config, data, dp_group, observe) -> tuple[dict, object, dict | None, object]:
+def _current_minibatch_mask(worker, config, data, dp_group) -> tuple[dict, object]:
     """The mask from the current policy's log-prob and entropy; with ``mask_statistics``, also the old-policy mask,
-    for a diagnostic. ``observe(mini-batch)`` → (its :func:`_padded_fields` or None, the statistics observer or
-    None). Returns the metrics, the masked mini-batch (the current fields), its padded fields and the observer."""
+    for a diagnostic. Returns the metrics and the masked mini-batch (the current fields)."""
     from stapo_verl.minibatch.current_policy import as_response_layout, current_policy_statistics
 
     log_prob, entropy, seconds = current_policy_statistics(worker.engine, data, current_forward_keys(worker))
     current = data.copy()
     current["old_log_probs"] = as_response_layout(log_prob, data["old_log_probs"])
     current["entropy"] = as_response_layout(entropy, data["entropy"])
-    padded, observer = observe(current)
-    metrics = apply_policy_token_mask(config, current, dp_group, **_observed(observer))
+    metrics = apply_policy_token_mask(config, current, dp_group)
     if config.policy_loss.mask_statistics:
         metrics.update(_mask_disagreement(config, data, current, dp_group))
     metrics["actor/stapo/current_forward_s"] = seconds
@@ -138,7 +131,7 @@ def _current_minibatch_mask(worker, config, data, dp_group, observe) -> tuple[di
 
     data[POLICY_LOSS_MASK_KEY] = current[POLICY_LOSS_MASK_KEY]
     tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: tu.get(current, POLICY_BATCH_NUM_TOKENS_KEY)})
-    return metrics, current, padded, observer
+    return metrics, current
 
 
 def _mask_disagreement(config, data, current, dp_group) -> dict[str, float]:
@@ -229,14 +222,15 @@ def _dump(worker, config, data, padded, metrics, step, index, cursor) -> list[di
     return rows
 
 
-def statistics_observer(config, padded: dict, vocab_size: int | None) -> MaskStatisticsObserver:
-    """The observer that computes the mask statistics of the mini-batch on the mask's own exchange (``padded``:
-    :func:`_padded_fields` of the fields the mask reads); the PG weights of the silenced-gradient share follow the
-    actor's ``loss_agg_mode`` and rollout-correction weights, |V| is the model's (:func:`vocab_size_of`)."""
-    return MaskStatisticsObserver(padded["old_log_probs"], padded["entropy"], padded["advantages"],
-                                  padded["response_mask"], tau_p=config.policy_loss.tau_p, vocab_size=vocab_size,
-                                  loss_agg_mode=config.loss_agg_mode,
-                                  rollout_is_weights=padded.get("rollout_is_weights"))
+def minibatch_statistics(config, padded: dict, vocab_size: int | None, dp_group) -> MaskStatistics:
+    """The mask statistics of the mini-batch over the DP group (``padded``: :func:`_padded_fields` of the fields the
+    mask read, with its keep under ``POLICY_LOSS_MASK_KEY``); the PG weights of the silenced-gradient share follow
+    the actor's ``loss_agg_mode`` and rollout-correction weights, |V| is the model's (:func:`vocab_size_of`). One
+    ``all_gather_object`` over ``dp_group``, on every rank of it."""
+    return mask_statistics(padded["old_log_probs"], padded["entropy"], padded["advantages"], padded["response_mask"],
+                           padded[POLICY_LOSS_MASK_KEY], tau_p=config.policy_loss.tau_p, group=dp_group,
+                           vocab_size=vocab_size, loss_agg_mode=config.loss_agg_mode,
+                           rollout_is_weights=padded.get("rollout_is_weights"))
 
 
 def _payload(config, cursor, step, table_due, dp_group, dp_rank) -> DiagnosticsPayload:
@@ -282,21 +276,17 @@ def wrap_train_batch(orig):
         s2t = pl.token_mask in S2T_TOKEN_MASKS
         statistics = s2t and is_output_rank and bool(pl.mask_statistics)  # the same on every rank of a DP group
 
-        def observe(masked):
-            """(padded fields, statistics observer) of the fields the mask reads; None where not needed."""
-            padded = _padded_fields(masked) if s2t and (statistics or pl.dump_tokens) else None
-            return padded, statistics_observer(config, padded, vocab_size_of(self)) if statistics else None
-
         if pl.stats_source == "current_minibatch":
-            metrics, masked, padded, observer = _current_minibatch_mask(self, config, data, dp_group, observe)
+            metrics, masked = _current_minibatch_mask(self, config, data, dp_group)
         else:
-            (padded, observer), masked = observe(data), data
-            metrics = apply_policy_token_mask(config, data, dp_group, **_observed(observer))
-        if observer is not None:  # the statistics rode on the mask's exchange
-            metrics.update(observer.statistics.to_metrics())
-            cursor.add_histograms(observer.statistics.histograms)
+            metrics, masked = apply_policy_token_mask(config, data, dp_group), data
+        padded = _padded_fields(masked) if s2t and (statistics or pl.dump_tokens) else None
         if padded is not None:
             padded[POLICY_LOSS_MASK_KEY] = _padded(masked[POLICY_LOSS_MASK_KEY])
+        if statistics:
+            stats = minibatch_statistics(config, padded, vocab_size_of(self), dp_group)
+            metrics.update(stats.to_metrics())
+            cursor.add_histograms(stats.histograms)
         # the driver's request (None: no diagnostics asked for, e.g. a trainer without the plugin's driver patch)
         request = tu.get(data, REQUEST_KEY, default=None)
         rows = _dump(self, config, data, padded, metrics, step, index, cursor) if padded is not None else []

@@ -1,6 +1,8 @@
-"""The worker's pre-pass over a data-parallel group of 2 gloo processes: one ``all_gather_object`` per optimizer
-mini-batch carries both the mask's candidates and the mask statistics (which ride on it), and the statistics equal
-:func:`stapo_verl.diagnostics.stats.mask_statistics` over the whole mini-batch in one process.
+"""The worker's pre-pass over a data-parallel group of 2 gloo processes: per optimizer mini-batch the mask's
+candidates travel in two tensor ``all_gather`` calls and its kept count in one ``all_reduce`` (what the upstream
+series runs), the mask statistics in one ``all_gather_object`` of their own (the plugin's diagnostics, none when
+they are off), and the statistics equal :func:`stapo_verl.diagnostics.stats.mask_statistics` over the whole
+mini-batch in one process.
 
 Each process runs the plugin's ``TrainingWorker.train_batch`` wrapper (``wrap_train_batch``) on its half of the same
 mini-batch, with a stand-in for verl's own body, and counts the collectives ``torch.distributed`` runs between the
@@ -17,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from support.dp_invariance import use_cpu_platform
 from support.verl_batches import actor_config, random_minibatch
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
@@ -48,6 +51,7 @@ def _worker_stub(cfg, rank: int):
 
 
 def _child(rank: int, init_file: str, queue) -> None:
+    use_cpu_platform()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     torch.set_num_threads(1)
     counts = dict.fromkeys(COLLECTIVES, 0)
@@ -103,13 +107,13 @@ def _close(a: float, b: float) -> bool:
     return (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-12, abs=1e-15)
 
 
-def test_one_gather_per_minibatch_for_the_mask_and_its_statistics(reports):
+def test_the_mask_gathers_tensors_and_the_statistics_exchange_once(reports):
     for rank in (0, 1):
         for (loss_mode, token_mask, statistics, step), during, metrics in reports[rank]:
             case = (loss_mode, token_mask, statistics, step, rank)
-            # the mask's candidates (and, when on, the statistics' shares) in one all_gather_object; the kept-token
-            # count in the pre-pass's one all_reduce; nothing else before verl's body
-            assert during == {"all_gather_object": 1, "all_reduce": 1}, case
+            # the mask: counts and candidate rows in two tensor all_gathers, the kept-token count in one all_reduce;
+            # the statistics (when on): one all_gather_object; nothing else before verl's body
+            assert during == {"all_gather": 2, "all_reduce": 1, **({"all_gather_object": 1} if statistics else {})}, case
             assert ("actor/stapo/silenced_grad_share" in metrics) == statistics, case
             assert metrics["actor/stapo/num_candidates"] > 0 and metrics["actor/stapo/num_masked"] > 0, case
 
@@ -132,6 +136,6 @@ def test_the_statistics_on_the_exchange_are_those_of_the_whole_minibatch(reports
         assert expected.keys() <= metrics.keys()
         for key, value in {**expected, **mask_metrics}.items():
             assert _close(metrics[key], value), (loss_mode, token_mask, step, key, metrics[key], value)
-        # the ranks agree (each computed the statistics of the whole mini-batch from the one exchange)
+        # the ranks agree (each computed the statistics of the whole mini-batch from the exchange)
         other = next(m for c, _, m in reports[1] if c == (loss_mode, token_mask, statistics, step))
         assert {k: other[k] for k in expected} == {k: metrics[k] for k in expected}

@@ -14,13 +14,12 @@ from omegaconf import OmegaConf
 import stapo_verl.plugin  # noqa: F401  (the config class checks that the plugin is loaded)
 from stapo_verl.algo.s2t import s2t_keep_mask
 from stapo_verl.algo.selections import top_entropy_keep_mask
-from stapo_verl.core import registry
-from stapo_verl.core.config import StapoConfigError, StapoPolicyLossConfig, validate_token_mask_config
+from stapo_verl.core.config import TOKEN_MASK_KEYS, StapoConfigError, StapoPolicyLossConfig, validate_token_mask_config
 from stapo_verl.algo.config_ranges import RANGES, check_range
 from stapo_verl.core.masks import TOKEN_MASKS
 from stapo_verl.diagnostics.collapse import RunningZScore
 from stapo_verl.diagnostics.quadrants import quadrant_masks
-from stapo_verl.diagnostics.stats import MaskStatisticsObserver, log10_p_edges, mask_statistics
+from stapo_verl.diagnostics.stats import log10_p_edges, mask_statistics
 
 
 def _config_error(**kw) -> str:
@@ -35,37 +34,23 @@ def _error(fn, *args, **kwargs) -> str:
     return str(err.value)
 
 
-def test_every_registered_mask_declares_keys_of_the_config():
-    fields = set(StapoPolicyLossConfig.__dataclass_fields__)
-    for name in TOKEN_MASKS:
-        keys = registry.get_policy_token_mask(name).config_keys
-        assert keys and set(keys) <= fields, name
-    assert registry.get_policy_token_mask("s2t").config_keys == ("tau_p", "entropy_quantile")
-    assert registry.get_policy_token_mask("s2t_full").config_keys == ("tau_p",)  # no entropy condition
-    assert registry.get_policy_token_mask("top_entropy").config_keys == ("top_entropy_ratio",)
+def test_the_token_mask_keys_are_keys_of_the_config_with_a_range():
+    assert set(TOKEN_MASK_KEYS) <= set(StapoPolicyLossConfig.__dataclass_fields__) and set(TOKEN_MASK_KEYS) <= set(RANGES)
 
 
-def test_the_config_checks_the_ranges_the_selected_mask_declares():
-    assert "tau_p=1.5 is out of range: allowed 0 < tau_p < 1" in _config_error(loss_mode="stapo", tau_p=1.5)
-    assert "allowed 0 < entropy_quantile <= 1" in _config_error(loss_mode="stapo", entropy_quantile=5.0)
-    # s2t_full reads no entropy quantile, top_entropy no τ_p: what a mask does not declare is not its requirement
-    assert StapoPolicyLossConfig(loss_mode="stapo", token_mask="s2t_full", entropy_quantile=5.0).token_mask == "s2t_full"
-    assert StapoPolicyLossConfig(loss_mode="vanilla", token_mask="top_entropy", tau_p=5.0).tau_p == 5.0
-    assert "top_entropy_ratio=0.0 is out of range" in _config_error(loss_mode="vanilla", token_mask="top_entropy",
+@pytest.mark.parametrize("token_mask", ["s2t", "s2t_full", "s2t_random", "s2t_high_entropy", "top_entropy"])
+def test_every_token_mask_key_is_checked_whichever_mask_is_selected(token_mask):
+    loss_mode = "stapo" if token_mask.startswith("s2t") else "vanilla"
+    assert "tau_p=1.5 is out of range: allowed 0 < tau_p < 1" in _config_error(loss_mode=loss_mode,
+                                                                                token_mask=token_mask, tau_p=1.5)
+    assert "allowed 0 < entropy_quantile <= 1" in _config_error(loss_mode=loss_mode, token_mask=token_mask,
+                                                                 entropy_quantile=5.0)
+    assert "top_entropy_ratio=0.0 is out of range" in _config_error(loss_mode=loss_mode, token_mask=token_mask,
                                                                     top_entropy_ratio=0.0)
 
 
-def test_a_mask_that_declares_a_key_the_config_lacks_fails_at_config_build(monkeypatch):
-    monkeypatch.setattr(registry, "POLICY_TOKEN_MASK_REGISTRY", dict(registry.POLICY_TOKEN_MASK_REGISTRY))
-    monkeypatch.setattr("stapo_verl.core.config.POLICY_TOKEN_MASK_REGISTRY", registry.POLICY_TOKEN_MASK_REGISTRY)
-
-    def my_mask(batch, config, dp_group=None):
-        return batch["response_mask"].bool(), {}
-
-    registry.register_policy_token_mask("my_mask", ("response_mask",), config_keys=("my_threshold",))(my_mask)
-    message = _config_error(loss_mode="vanilla", token_mask="my_mask")
-    assert "token_mask='my_mask' is registered as reading actor_rollout_ref.actor.policy_loss.my_threshold" in message
-    assert "allowed keys" in message and "'tau_p'" in message
+def test_without_a_token_mask_the_mask_keys_are_not_read():
+    assert StapoPolicyLossConfig(loss_mode="vanilla", tau_p=5.0).tau_p == 5.0
 
 
 def test_tau_p_1e_13_builds_a_config_and_runs_through_the_diagnostics():
@@ -80,11 +65,9 @@ def test_tau_p_1e_13_builds_a_config_and_runs_through_the_diagnostics():
     ent = torch.rand(4, 16, generator=g) * 3
     adv = torch.tensor([[1.0], [-1.0], [0.5], [2.0]]).expand(4, 16).contiguous()
     rm = torch.ones(4, 16, dtype=torch.bool)
-    observer = MaskStatisticsObserver(lp, ent, adv, rm, tau_p=tau_p, vocab_size=1000)
-    keep, metrics = s2t_keep_mask(lp, ent, adv, rm, tau_p=tau_p, q=0.75, observer=observer)
+    keep, metrics = s2t_keep_mask(lp, ent, adv, rm, tau_p=tau_p, q=0.75)
     stats = mask_statistics(lp, ent, adv, rm, keep, tau_p=tau_p, vocab_size=1000)
     assert metrics["actor/stapo/num_candidates"] == stats.n_candidates == 18 and metrics["actor/stapo/num_masked"] > 0
-    assert observer.statistics.histograms == stats.histograms
     assert stats.histograms["log10_p_adv_pos"].num == 18 and stats.histograms["log10_p_adv_neg"].num == 6
     assert stats.histograms["log10_p_adv_pos"].edges == edges and stats.histograms["log10_p_adv_pos"].high < -13
 

@@ -85,3 +85,34 @@ def test_confirmation_needs_three_of_five_failed_seeds_and_says_when_that_is_out
     assert tb.confirm_verdict(rows(True, True, False, False)) == "open"
     assert tb.confirm_verdict(rows(True, False, False, False)) == "not a testbed"
     assert tb.confirm_verdict(rows(True, True, False, False, False)) == "not a testbed"
+
+
+def test_the_sign_test_is_exact_and_two_sided(tb):
+    assert tb.sign_test(0, 0) == 1.0
+    assert tb.sign_test(5, 0) == tb.sign_test(0, 5) == 2 / 32  # 2 * (1/2)^5
+    assert tb.sign_test(4, 1) == 2 * 6 / 32 and tb.sign_test(3, 3) == 1.0
+
+
+def test_the_comparison_pairs_each_arm_with_vanilla_by_seed(tb):
+    def row(failed, onset, last, best):
+        return {"failed": failed, "onset": onset, "acc_last": last, "acc_best": best}
+
+    rows = {"vanilla": {1: row(True, 20, 0.45, 0.68), 2: row(True, 30, 0.60, 0.60), 3: row(False, None, 0.70, 0.72)},
+            "stapo": {1: row(False, None, 0.65, 0.70), 2: row(True, 40, 0.50, 0.62)}}
+    table = tb.compare_table(rows, ["vanilla", "stapo"], [1, 2, 3]).splitlines()
+    vanilla, stapo = table[2].split(" | "), table[3].split(" | ")
+    assert vanilla[1:4] == ["3", "2", "—"] and vanilla[4] == "20, 30, —"
+    # seed 1: vanilla failed, STAPO not; seed 2 both failed; seed 3 not run for STAPO (left out of the pairs)
+    assert stapo[1:4] == ["2", "1", "1 / 0 (p = 1.000)"] and stapo[4] == "—, 40"
+    assert stapo[6].startswith("+0.050")  # paired: (0.65 - 0.45 + 0.50 - 0.60) / 2
+
+
+def test_the_comparison_runs_vanilla_first_in_the_searchs_directories(tb, tmp_path):
+    cand = next(c for c in tb.CANDIDATES if c.name == "lr4e-4")
+    plan = tb.compare_plan(tmp_path, cand, ["vanilla", "stapo_paper_tau"], [1, 2])
+    assert [(a, s) for a, s, *_ in plan] == [("vanilla", 1), ("vanilla", 2), ("stapo_paper_tau", 1),
+                                              ("stapo_paper_tau", 2)]
+    assert plan[0][2] == tb.search_plan(tmp_path, ["lr4e-4"], [1])[0][2]  # the search's run is reused
+    argv = plan[2][4]
+    assert argv[3] == "stapo" and argv.index("actor_rollout_ref.actor.policy_loss.tau_p=0.002") < argv.index(
+        "actor_rollout_ref.actor.optim.lr=4e-4")

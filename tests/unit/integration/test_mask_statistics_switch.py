@@ -1,5 +1,5 @@
 """``policy_loss.mask_statistics``: on (the default), the plugin's ``train_batch`` wrapper computes the mask statistics
-on the mask's own exchange and they join the metrics; off, no statistics code runs at all (nor the padding it needs)
+from the mask's keep (``mask_statistics``, its own exchange) and they join the metrics; off, no statistics code runs at all (nor the padding it needs)
 and the mask's own metrics are unchanged. In one process, through the wrapper with a stand-in for verl's body."""
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from stapo_verl.diagnostics import stats
 from stapo_verl.integration.verl_0_9_1 import training_worker
 from stapo_verl.integration.verl_0_9_1.training_worker import wrap_train_batch
 
-#: every entry point of the statistics' work: the shared low-probability pass, the standalone path, the observer,
-#: and the worker's padding and observer construction for them
-STATISTICS_CODE = ((stats, "_low_probability"), (stats, "local_partials"), (stats, "mask_statistics"),
-                   (stats.MaskStatisticsObserver, "share"), (stats.MaskStatisticsObserver, "gathered"),
-                   (training_worker, "statistics_observer"), (training_worker, "_padded_fields"))
+#: every entry point of the statistics' work: the low-probability pass, the per-rank partials, the exchange and
+#: combination, and the worker's padding and call for them
+STATISTICS_CODE = ((stats, "_low_probability"), (stats, "local_partials"), (training_worker, "mask_statistics"),
+                   (training_worker, "minibatch_statistics"), (training_worker, "_padded_fields"))
 
 
 def _verl_body(self, data):
@@ -56,8 +55,8 @@ def _train_batch(monkeypatch, loss_mode="stapo", **policy_loss) -> tuple[dict, l
 
 def test_with_mask_statistics_off_no_statistics_code_runs(monkeypatch):
     on, ran_on = _train_batch(monkeypatch)
-    assert {"_low_probability", "share", "gathered", "statistics_observer", "_padded_fields"} <= set(ran_on)
-    assert "mask_statistics" not in ran_on and "local_partials" not in ran_on  # no second selection, no own exchange
+    assert set(ran_on) == {"_low_probability", "local_partials", "mask_statistics", "minibatch_statistics",
+                           "_padded_fields"}
     assert "actor/stapo/silenced_grad_share_upper" in on and "actor/stapo/candidate_entropy_p75" in on
     off, ran_off = _train_batch(monkeypatch, mask_statistics=False)
     assert ran_off == []
@@ -66,7 +65,7 @@ def test_with_mask_statistics_off_no_statistics_code_runs(monkeypatch):
     assert off == {k: v for k, v in on.items() if k in off} and off["actor/stapo/num_masked"] > 0
 
 
-def test_the_statistics_observer_is_not_built_for_a_mask_without_statistics(monkeypatch):
+def test_no_statistics_are_computed_for_a_mask_without_candidates(monkeypatch):
     # top_entropy has no S2T candidates: no statistics whatever the switch says
     metrics, ran = _train_batch(monkeypatch, "vanilla", token_mask="top_entropy")
     assert ran == [] and "actor/top_entropy/kept_frac" in metrics

@@ -11,7 +11,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``TrainingWorker`` runs the pre-pass of ``set_loss_fn(loss_fn, pre_loss_fn=...)`` once per mini-batch.
+"""``TrainingWorker`` runs the pre-pass of ``set_loss_fn(loss_fn, prepare_batch_fn=...)`` once per mini-batch.
 
 The worker methods are driven with mocked engines (as in test_engine_workers_mini_batch_trace_on_cpu.py), so no
 GPU or ray is needed.
@@ -77,24 +77,24 @@ def _worker(seen):
         ),
         model_config={},
         loss_fn=lambda **kwargs: None,
-        pre_loss_fn=None,
+        prepare_batch_fn=None,
         profiler=None,  # no DistProfiler: the decorated method runs as is
         _postprocess_output=MagicMock(),
     )
 
 
-def test_set_loss_fn_stores_the_pre_pass():
+def test_set_loss_fn_stores_the_prepare_batch_fn():
     worker = SimpleNamespace()
-    TrainingWorker.set_loss_fn(worker, "loss", pre_loss_fn="pre_pass")
-    assert (worker.loss_fn, worker.pre_loss_fn) == ("loss", "pre_pass")
+    TrainingWorker.set_loss_fn(worker, "loss", prepare_batch_fn="pre_pass")
+    assert (worker.loss_fn, worker.prepare_batch_fn) == ("loss", "pre_pass")
     TrainingWorker.set_loss_fn(worker, "another loss")
-    assert worker.pre_loss_fn is None
+    assert worker.prepare_batch_fn is None
 
 
 def test_train_batch_runs_the_pre_pass_before_the_engine_and_reports_its_metrics():
     seen = []
     worker = _worker(seen)
-    worker.pre_loss_fn = partial(
+    worker.prepare_batch_fn = partial(
         apply_policy_token_mask, SimpleNamespace(policy_loss=PolicyLossConfig(token_mask="keep_first"))
     )
     TrainingWorker.train_batch(worker, _mini_batch())

@@ -50,11 +50,8 @@ def keep_last_token(batch, config, dp_group=None):
 def test_register_returns_the_function_and_records_its_fields(registry):
     assert register_policy_token_mask("first", required_fields=["response_mask"])(keep_first_token) is keep_first_token
     entry = get_policy_token_mask("first")
-    assert entry == PolicyTokenMask(fn=keep_first_token, required_fields=("response_mask",), config_keys=())
+    assert entry == PolicyTokenMask(fn=keep_first_token, required_fields=("response_mask",))
     assert registry["first"] is entry
-    # the policy_loss keys a mask reads are declared with it
-    register_policy_token_mask("first", required_fields=("response_mask",), config_keys=["loss_mode"])(keep_first_token)
-    assert get_policy_token_mask("first").config_keys == ("loss_mode",)
     # registering the same function again (e.g. a module reload) replaces the entry
     register_policy_token_mask("first", required_fields=("response_mask", "advantages"))(keep_first_token)
     assert get_policy_token_mask("first").required_fields == ("response_mask", "advantages")

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from verl.trainer.ppo.s2t_mask import candidate_mask, s2t_keep_mask
+from verl.trainer.ppo.s2t_mask import candidate_mask, gather_candidates, s2t_keep_mask
 
 TAU_P = 0.1
 LOG_SMALL = math.log(0.05)  # p = 0.05 < τ_p
@@ -97,23 +97,16 @@ def test_empty_population_nonfinite_tokens_and_shape_errors():
         s2t_keep_mask(log_prob, entropy[:, :3], advantages, response_mask)
 
 
-class _Recorder:
-    """An observer of ``s2t_keep_mask``: sends this rank's candidate count along, records what comes back."""
-
-    def share(self, candidates):
-        return int(candidates.sum())
-
-    def gathered(self, rows, silenced, shares):
-        self.seen = (rows[:, 0].tolist(), silenced.tolist(), shares)
-
-
 def _dp_worker(rank: int, world: int, init_file: str, queue) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        rows, recorder = slice(rank, rank + 1), _Recorder()
-        population = (t[rows] for t in _population())
-        keep, metrics = s2t_keep_mask(*population, tau_p=TAU_P, q=0.75, group=dist.group.WORLD, observer=recorder)
-        queue.put((rank, keep.tolist(), metrics, recorder.seen))
+        rows = slice(rank, rank + 1)
+        population = [t[rows] for t in _population()]
+        keep, metrics = s2t_keep_mask(*population, tau_p=TAU_P, q=0.75, group=dist.group.WORLD)
+        candidates, nonfinite = candidate_mask(*population, TAU_P)
+        gathered, offset, *_ = gather_candidates(population[0], population[1], population[3], candidates, nonfinite,
+                                                 dist.group.WORLD)
+        queue.put((rank, keep.tolist(), metrics, gathered[:, 0].tolist(), offset))
     finally:
         dist.destroy_process_group()
 
@@ -130,10 +123,9 @@ def test_data_parallel_ranks_apply_the_threshold_of_the_whole_population(tmp_pat
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    for rank, keep, metrics, (entropies, silenced, shares) in results:
+    for rank, keep, metrics, entropies, offset in results:
         # alone, rank 1's candidates {0.4, 0.5} would give τ_h = 0.475 and silence 0.4
         assert keep == single[rank : rank + 1].tolist()
         assert metrics == whole  # counts and τ_h of the whole mini-batch (7 valid, 5 candidates, 3 silenced)
-        # the observer's shares rode on the same collective: every rank's, in rank order, with the whole selection
-        assert entropies == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5]) and shares == [3, 2]
-        assert silenced == [True, True, True, False, False]
+        # the gather: every rank's candidates in rank order (rank 0 holds 3 of them, padded rows dropped)
+        assert entropies == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5]) and offset == [0, 3][rank]
