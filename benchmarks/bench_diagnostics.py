@@ -14,10 +14,11 @@ interleaved in every repeat so a drift of the machine hits all of them alike:
   (quantiles, fraction, position thirds, the silenced-gradient shares with Qwen3's |V| = 151,936, the four
   histograms) ride on the mask's candidates and its one DP exchange
   (:class:`stapo_verl.diagnostics.stats.MaskStatisticsObserver`); its excess over ``mask`` is the statistics' cost.
-  Skipped (and said so) on a stapo-verl without the observer;
+  Skipped (and said so) on a stapo-verl without the observer, which this tree is (the observer was removed: the
+  upstream series carries nothing only the plugin uses); kept to compare with an earlier tree (``PYTHONPATH``);
 * ``mask,stats``: the pre-pass, then :func:`stapo_verl.diagnostics.stats.mask_statistics` with the same |V| on its
   keep mask: the statistics on their own, selecting the candidates again, with an exchange of their own (how the
-  worker ran them before they rode on the mask's exchange; on one process the exchanges are no-ops);
+  worker runs them; on one process the exchanges are no-ops);
 * ``stats``: that ``mask_statistics`` call alone;
 * ``rows``: the token rows of the table (:func:`stapo_verl.minibatch.token_dump.minibatch_token_rows` under the
   256-row cap with a decode-counting tokenizer) — shared with the JSONL dump when both are on;

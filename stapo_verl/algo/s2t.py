@@ -77,7 +77,7 @@ def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, g
     padded[: rows.shape[0]] = rows
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded, group=group)
-    rows = torch.cat([part[:size] for part, size in zip(parts, sizes)])
+    rows = torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
     return rows, sum(sizes[:rank]), sum(row[1] for row in table), sum(row[2] for row in table)
 
 

@@ -155,20 +155,20 @@ def test_a_batch_without_entropy_is_refused_naming_the_field():
         apply_policy_token_mask(_actor_config(), td)
 
 
-def test_s2t_keys_default_to_the_paper_and_are_validated_only_when_s2t_is_selected():
+def test_s2t_keys_default_to_the_paper_and_are_validated_only_when_a_mask_is_selected():
     config = PolicyLossConfig()
     assert (config.tau_p, config.entropy_quantile) == (0.002, 0.75)
     assert PolicyLossConfig(tau_p=0.0, entropy_quantile=2.0).tau_p == 0.0  # no mask: not checked
     assert PolicyLossConfig(token_mask="s2t", tau_p=0.5, entropy_quantile=1.0).entropy_quantile == 1.0
     for bad, allowed in (
-        (dict(tau_p=0.0), "0 < tau_p < 1"),
-        (dict(tau_p=1.0), "0 < tau_p < 1"),
-        (dict(tau_p=-0.1), "0 < tau_p < 1"),
-        (dict(entropy_quantile=0.0), "0 < entropy_quantile <= 1"),
-        (dict(entropy_quantile=1.5), "0 < entropy_quantile <= 1"),
+        (dict(tau_p=0.0), r"tau_p must be in \(0, 1\)"),
+        (dict(tau_p=1.0), r"tau_p must be in \(0, 1\)"),
+        (dict(tau_p=-0.1), r"tau_p must be in \(0, 1\)"),
+        (dict(entropy_quantile=0.0), r"entropy_quantile must be in \(0, 1\]"),
+        (dict(entropy_quantile=1.5), r"entropy_quantile must be in \(0, 1\]"),
     ):
         ((key, value),) = bad.items()
-        with pytest.raises(ValueError, match=rf"token_mask=s2t needs {allowed}, got {key}={value}"):
+        with pytest.raises(ValueError, match=rf"policy_loss\.{allowed} when token_mask is set, got {value}"):
             PolicyLossConfig(token_mask="s2t", **bad)
 
 
