@@ -486,7 +486,7 @@ def _register_unsupported() -> None:
     """What the plugin registers on a verl it was not written for, through public registration APIs only.
 
     Hydra's ``ConfigStore`` gets the actor options ``actor/stapo_<engine>_actor`` (so a recipe that selects one
-    composes, and its ``policy_loss._target_``, :class:`stapo_verl.core.config.StapoPolicyLossConfig`, raises the
+    composes, and its ``policy_loss._target_``, :class:`.policy_loss.config.StapoPolicyLossConfig`, raises the
     version error when verl builds the config); verl's ``register_policy_loss`` gets ``stapo`` as
     :func:`unsupported_verl_policy_loss`. A failure here (a verl without these public names) is logged: a job asking
     for the plugin then fails with verl's or Hydra's own error after the warning line.
@@ -494,7 +494,7 @@ def _register_unsupported() -> None:
     try:
         from verl.trainer.ppo.core_algos import register_policy_loss
 
-        from stapo_verl.core import hydra_options
+        from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
 
         hydra_options.register()
         # after hydra_options, whose import of stapo_verl.core.masks registers the real "stapo"
@@ -532,9 +532,10 @@ def install() -> bool:
         return False
     if problems:
         _warn_override(problems)
-    from stapo_verl.core import hydra_options, masks  # noqa: F401  (masks: registers the masks and loss_mode=stapo)
+    from stapo_verl.core import masks  # noqa: F401  (registers the masks and loss_mode=stapo)
     from stapo_verl.integration.post_import import when_imported
     from stapo_verl.integration.verl_0_9_1 import driver_config
+    from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
 
     driver_config.install_validate_config()
     # The hooks name their module as "module:function": it is imported when verl's module is, not now. Loading the
