@@ -32,13 +32,12 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+
+from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch
 
 logger = logging.getLogger(__name__)
 
 VERL_VERSION = "0.9.1"
-#: set to 1 to load the plugin on another verl version (the gate then only warns)
-ALLOW_ENV = "STAPO_ALLOW_UNSUPPORTED_VERL"
 
 
 class IncompatibleVerlError(BaseException):
@@ -47,30 +46,6 @@ class IncompatibleVerlError(BaseException):
 
     A ``BaseException`` so that verl's plugin loader, which catches ``Exception``, cannot hide it.
     """
-
-
-@dataclass(frozen=True)
-class Patch:
-    """One ledger entry.
-
-    Attributes:
-        symbol: dotted path of the patched verl symbol.
-        action: what the plugin does to it.
-        why: the reason.
-        upstream: what replaces it upstream (which PR of the series in ``upstream/``).
-        remove_when: when to delete the patch.
-        signature: the symbol's signature in verl 0.9.1 (``ast.unparse`` of its arguments and return), or for a
-            name bound by ``from … import``, that import statement.
-        source_sha256: sha256 of the symbol's source in verl 0.9.1, when the plugin copies or relies on its body.
-    """
-
-    symbol: str
-    action: str
-    why: str
-    upstream: str
-    remove_when: str
-    signature: str
-    source_sha256: str | None = None
 
 
 _REMOVE = "when the installed verl contains the upstream PR named here (then drop the plugin's backport)"
