@@ -2,8 +2,8 @@
 
 ``core`` holds what the upstream series copies into verl, ``algo`` the pure maths under it; ``integration`` is the
 plugin's reach into verl 0.9.1's private API and what exists only for that release. An import the other way would
-make the copied code depend on the backport (and brought back the import cycle ``core.config`` → ``integration`` →
-``core``). Two checks:
+make the copied code depend on the backport, and could close an import cycle through ``integration``, which imports
+``core``. Two checks:
 
 * static, on the source of every module of both packages (``ast``, nothing imported): every ``import``, at any depth
   (inside functions and classes too), absolute or relative (``from ..integration import x``), and the forms that name
