@@ -61,7 +61,7 @@ def _actor_config(loss_mode):
     from verl.workers.config import ActorConfig, PolicyLossConfig
 
     import stapo_verl.plugin  # noqa: F401  (the config class checks that the plugin is loaded)
-    from stapo_verl.core.config import StapoPolicyLossConfig
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoPolicyLossConfig
 
     pl = PolicyLossConfig(loss_mode="vanilla") if loss_mode == "vanilla" else StapoPolicyLossConfig(loss_mode="stapo")
     return ActorConfig(strategy="fsdp2", ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2,

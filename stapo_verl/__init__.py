@@ -3,10 +3,11 @@
 Importing this package imports neither verl nor torch. The parts:
 
 * :mod:`stapo_verl.plugin` — the ``verl.plugins`` entry point (verl imports it in every process);
-* :mod:`stapo_verl.core` — policy token masks, ``ppo_loss`` with the mask, config (runs inside verl);
+* :mod:`stapo_verl.core` — the mask registry, policy token masks, ``ppo_loss`` with the mask (runs inside verl);
 * :mod:`stapo_verl.algo` — the pure mask maths (torch only);
 * :mod:`stapo_verl.minibatch` — current-policy statistics and the silenced-token dump;
-* :mod:`stapo_verl.integration` — every touch of verl's private API, with its ledger and version gate;
+* :mod:`stapo_verl.integration` — every touch of verl's private API, with its ledger and version gate, and
+  what exists only for verl 0.9.1 (the policy-loss config class with the mask keys, its Hydra options);
 * :mod:`stapo_verl.cpu` — a CPU platform for verl (loaded only with ``VERL_PLATFORM=cpu``);
 * tools: :mod:`stapo_verl.rewards`, :mod:`stapo_verl.data`, :mod:`stapo_verl.eval`, :mod:`stapo_verl.plots`,
   :mod:`stapo_verl.launch`.

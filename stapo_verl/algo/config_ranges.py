@@ -1,6 +1,6 @@
 """The allowed values of the policy-loss config keys and the config's cross-key rules: one definition each.
 
-:class:`stapo_verl.core.config.StapoPolicyLossConfig` applies them when the config is built: the token-mask keys
+:class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig` applies them when the config is built: the token-mask keys
 (``tau_p``, ``entropy_quantile``, ``top_entropy_ratio``) whenever a token mask is selected, the diagnostics keys
 always.
 A public library function that takes one of these values (τ_p for the log10 p histogram, q for the quadrants, ρ of

@@ -45,7 +45,7 @@ class DriverDiagnostics:
 
     @classmethod
     def from_policy_loss(cls, pl) -> DriverDiagnostics:
-        """From a built policy-loss config (:class:`stapo_verl.core.config.StapoPolicyLossConfig`)."""
+        """From a built policy-loss config (:class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig`)."""
         from stapo_verl.minibatch.token_dump import resolve_dump_dir
 
         dump_dir = resolve_dump_dir(pl.dump_dir)

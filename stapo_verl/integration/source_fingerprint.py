@@ -1,10 +1,16 @@
-"""Fingerprints of symbols of any installed package, read from its source files with ``ast`` (nothing imported).
+"""Ledger entries, and fingerprints of symbols of any installed package read from its source files with ``ast``
+(nothing imported).
 
-A ledger entry (:class:`stapo_verl.integration.verl_0_9_1.Patch`) pins the private symbol it patches or relies on
-by a *signature* and, when the code copies or relies on a body, the *sha256* of that body's source. This module
-computes both for a dotted symbol of any installed top-level package (verl, megatron-core, mbridge, torch): the
-package is located with ``importlib.util.find_spec`` on its top-level name, which does not import it, and the
-module file is read and parsed. Used by the CPU platform's ledger (:mod:`stapo_verl.cpu.ledger`); for verl
+Every ledger of the package (the plugin's :data:`stapo_verl.integration.verl_0_9_1.PATCHES`, the CPU platform's
+:mod:`stapo_verl.cpu.ledger`, the reward code's :mod:`stapo_verl.rewards.ledger`) lists :class:`Patch` entries and
+honours one override, :data:`ALLOW_ENV`. Both live here because this module imports neither verl nor anything heavy:
+the reward code checks its ledger in processes that never import verl.
+
+A ledger entry (:class:`Patch`) pins the private symbol it patches or relies on by a *signature* and, when the code
+copies or relies on a body, the *sha256* of that body's source. This module computes both for a dotted symbol of any
+installed top-level package (verl, megatron-core, mbridge, torch, the standard library, math-verify, pebble): the
+package is located with ``importlib.util.find_spec`` on its top-level name, which does not import it, and the module
+file is read and parsed. Used by the CPU platform's and the reward code's ledgers; for verl
 functions and ``from … import`` names it gives what :func:`stapo_verl.integration.verl_0_9_1.fingerprint` gives
 (a unit test compares them on every plugin entry).
 
@@ -27,11 +33,39 @@ import hashlib
 import importlib.util
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-__all__ = ["fingerprint", "ledger_mismatches", "module_file"]
+__all__ = ["ALLOW_ENV", "Patch", "fingerprint", "ledger_mismatches", "module_file"]
+
+#: set to 1 to load the plugin on another verl version, or to run past any ledger's gate (the gates then only warn)
+ALLOW_ENV = "STAPO_ALLOW_UNSUPPORTED_VERL"
 
 #: how many imports / base classes a lookup follows before giving up (a cycle, or a symbol that is not there)
 _MAX_HOPS = 8
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One ledger entry: a symbol of a package stapo-verl does not own that the code patches or relies on.
+
+    Attributes:
+        symbol: dotted path of the symbol.
+        action: what the code does to it (an entry whose action starts with "relied on" changes nothing).
+        why: the reason.
+        upstream: what replaces it upstream (for verl: which PR of the series in ``upstream/``).
+        remove_when: when to delete the patch.
+        signature: the symbol's signature in the version written for (``ast.unparse`` of its arguments and
+            return), or for a name bound by ``from … import``, that import statement (:func:`fingerprint`).
+        source_sha256: sha256 of the symbol's source in that version, when the code copies or relies on its body.
+    """
+
+    symbol: str
+    action: str
+    why: str
+    upstream: str
+    remove_when: str
+    signature: str
+    source_sha256: str | None = None
 
 
 def module_file(module: str) -> str | None:
@@ -204,8 +238,7 @@ def ledger_mismatches(patches: Iterable, written_for: str) -> list[str]:
     """One line per ledger entry whose symbol is missing or whose signature or source differs.
 
     Args:
-        patches: ledger entries (``symbol``, ``signature``, ``source_sha256``; :class:`stapo_verl.integration.
-            verl_0_9_1.Patch`).
+        patches: ledger entries (``symbol``, ``signature``, ``source_sha256``; :class:`Patch`).
         written_for: what the ledger was written against, for the messages (``"megatron-core 0.16.1"``).
     """
     files: dict = {}

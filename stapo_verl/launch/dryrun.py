@@ -124,14 +124,15 @@ def _check_plugin(config) -> str:
     Raises:
         DryRunError: no ``verl.plugins`` entry point ``stapo`` in this environment.
         IncompatibleVerlError: the job asks for the plugin on a verl it was not written for (both versions named;
-            :func:`stapo_verl.core.config.require_plugin_loaded`, the check verl meets when it builds the config).
+            :func:`stapo_verl.integration.verl_0_9_1.policy_loss.config.require_plugin_loaded`, the check verl
+            meets when it builds the config).
         Whatever ``import stapo_verl.plugin`` raises.
     """
     from importlib.metadata import entry_points
 
     import stapo_verl.plugin  # noqa: F401  (raises here, unlike verl's entry-point loader)
     from stapo_verl import integration
-    from stapo_verl.core.config import plugin_request, require_plugin_loaded
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import plugin_request, require_plugin_loaded
 
     eps = [ep for ep in entry_points(group="verl.plugins") if ep.name == "stapo"]
     if not eps:

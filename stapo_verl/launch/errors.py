@@ -5,7 +5,8 @@
   and Hydra would report only that);
 * :func:`config_error_message`: a config value the plugin's config refuses, with the default and the override that
   fixes it, taken from the refused key's range (:data:`stapo_verl.algo.config_ranges.RANGES`) and its default (the
-  field of :class:`stapo_verl.core.config.StapoPolicyLossConfig`), never from a list of key names here;
+  field of :class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig`), never from a list
+  of key names here;
 * :func:`validate_policy_loss`: builds the policy-loss config on the composed config, as verl's ``validate_config``
   would after Hydra, so a bad value is reported once, without Hydra's dump of every override.
 
@@ -47,9 +48,10 @@ def installed_verl_problems() -> list[str]:
 
 def default_of(key: str):
     """The default of a policy-loss key (``actor_rollout_ref.actor.policy_loss.<name>``) in
-    :class:`stapo_verl.core.config.StapoPolicyLossConfig`; raises KeyError for a key it does not have."""
+    :class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig`; raises KeyError for a key it
+    does not have."""
     from stapo_verl.algo.config_ranges import KEY
-    from stapo_verl.core.config import StapoPolicyLossConfig
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoPolicyLossConfig
 
     name = key[len(KEY) + 1:] if key.startswith(KEY + ".") else key
     for f in dataclasses.fields(StapoPolicyLossConfig):
@@ -90,7 +92,8 @@ def config_error_message(exc: BaseException) -> str:
 
 def validate_policy_loss(config) -> None:
     """Build the policy-loss config of ``config`` (a copy) as verl's ``validate_config`` does: the plugin fills
-    ``_target_`` (:func:`stapo_verl.core.config.fill_policy_loss_target`), then verl's ``omega_conf_to_dataclass``.
+    ``_target_`` (:func:`stapo_verl.integration.verl_0_9_1.policy_loss.config.fill_policy_loss_target`), then verl's
+    ``omega_conf_to_dataclass``.
 
     Raises:
         stapo_verl.algo.config_ranges.StapoConfigError: a value the plugin's config refuses.
@@ -98,7 +101,7 @@ def validate_policy_loss(config) -> None:
     """
     from verl.utils.config import omega_conf_to_dataclass
 
-    from stapo_verl.core.config import fill_policy_loss_target
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import fill_policy_loss_target
 
     config = copy.deepcopy(config)
     fill_policy_loss_target(config)

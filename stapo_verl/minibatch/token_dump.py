@@ -51,7 +51,8 @@ DEFAULT_SUBDIR = "stapo_tokens"
 
 
 def resolve_dump_dir(dump_dir: str) -> str:
-    """Absolute dump directory for ``policy_loss.dump_dir`` (see :class:`stapo_verl.core.config.StapoPolicyLossConfig`).
+    """Absolute dump directory for ``policy_loss.dump_dir`` (see
+    :class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig`).
 
     ``""`` → the directory of ``$VERL_FILE_LOGGER_PATH`` (verl's file logger target, i.e. the run directory of
     the recipes) when it is set, else ``./stapo_tokens`` relative to this process's working directory.

@@ -19,7 +19,8 @@ Importing this package imports neither verl nor torch (nor math-verify, which on
 Modules: :mod:`.extract` (boxes, ``Answer:`` lines), :mod:`.equivalence` (math-verify with per-route tolerance),
 :mod:`.dapo` (strict training scorers), :mod:`.math_verify_scorer` (benchmarks), :mod:`.verl_rules` (copies of verl's
 normalisers), :mod:`.timeout` and :mod:`.worker` (killable worker processes), :mod:`.routing` (``data_source`` →
-scorer, :func:`compute_score`).
+scorer, :func:`compute_score`), :mod:`.ledger` (the standard-library, math-verify and pebble sites the reward code
+patches or relies on, and their gate).
 """
 
 from stapo_verl.rewards.dapo import extract_boxed_answer, extract_final_answer, score_dapo_format, score_strict_box

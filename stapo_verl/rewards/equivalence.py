@@ -40,7 +40,8 @@ Tolerances (:data:`TOLERANCES`; which route uses which is in :mod:`stapo_verl.re
 
 math-verify's own ``signal.alarm`` timeouts are disabled (``parsing_timeout=None``, ``timeout_seconds=None``): they
 fail outside the main thread; the killable workers of :mod:`stapo_verl.rewards.timeout` bound every call instead.
-math-verify is imported on first use, so importing this module costs nothing.
+math-verify is imported on first use, so importing this module costs nothing. Its "timeout disabled" warning is
+silenced through two private module globals, an entry of :mod:`stapo_verl.rewards.ledger` checked before they are set.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ import re
 import warnings
 from fractions import Fraction
 from types import MappingProxyType
+
+from stapo_verl.rewards import ledger
 
 __all__ = [
     "EXACT",
@@ -110,11 +113,23 @@ def get_tolerance(name: str) -> Tolerance:
 def _math_verify():
     """The ``math_verify`` module, with its one-time 'timeout disabled' warning marked as shown (calls are bounded
     by the killable workers instead). Imported here, not at module level, so that importing this module costs
-    nothing; after the first call the imports are look-ups in ``sys.modules``."""
+    nothing; after the first call the imports are look-ups in ``sys.modules``.
+
+    The flags are private module globals of math-verify (:data:`stapo_verl.rewards.ledger.MATH_VERIFY_PATCHES`): the
+    installed math-verify is checked against the ledger before they are first set in a process (afterwards they stay
+    set, and a worker forked from a checked fork server inherits them).
+
+    Raises:
+        stapo_verl.rewards.ledger.IncompatibleRewardSiteError: the installed math-verify differs from the one the
+            ledger was written for, and ``STAPO_ALLOW_UNSUPPORTED_VERL`` is not ``1``.
+    """
     import math_verify
     import math_verify.grader
     import math_verify.parser
 
+    if not (getattr(math_verify.parser, "TIMEOUT_WARNING_SHOWN", False)
+            and getattr(math_verify.grader, "TIMEOUT_WARNING_SHOWN", False)):
+        ledger.check(ledger.MATH_VERIFY_PATCHES, ledger.MATH_VERIFY_WRITTEN_FOR)
     math_verify.parser.TIMEOUT_WARNING_SHOWN = True
     math_verify.grader.TIMEOUT_WARNING_SHOWN = True
     return math_verify
@@ -183,6 +198,10 @@ def parse_answer(answer: str) -> list:
 
     Returns:
         math-verify's list ``[parsed, string]``; ``parsed`` is a str when nothing parsed (compared as text).
+
+    Raises:
+        stapo_verl.rewards.ledger.IncompatibleRewardSiteError: the installed math-verify is not the one the ledger
+            was written for (:func:`_math_verify`).
     """
     mv = _math_verify()
     parsed = mv.parse("\\boxed{" + answer + "}", extraction_config=(mv.LatexExtractionConfig(),),
@@ -284,6 +303,8 @@ def answers_equivalent(pred: str, gold: str, tolerance: Tolerance = EXACT) -> bo
 
     Raises:
         TypeError: ``pred`` or ``gold`` is not a str; ``tolerance`` is not a :class:`Tolerance`.
+        stapo_verl.rewards.ledger.IncompatibleRewardSiteError: the installed math-verify is not the one the ledger
+            was written for (:func:`_math_verify`).
     """
     if not isinstance(pred, str) or not isinstance(gold, str):
         raise TypeError(f"pred and gold must be str, got {type(pred).__name__} and {type(gold).__name__}")

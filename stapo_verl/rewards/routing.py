@@ -179,7 +179,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     Raises:
         UnknownDataSourceError: unknown ``data_source``, ``scorer`` or ``tolerance``.
         ValueError: negative ``timeout_s``, or no ``runner`` with a ``timeout_s`` other than 0.
-        stapo_verl.rewards.timeout.WorkerStartError: the reward workers cannot start (e.g. math-verify missing).
+        stapo_verl.rewards.timeout.WorkerStartError: the reward workers cannot start (e.g. math-verify missing, or
+            it differs from what the reward code's ledger was written for).
+        stapo_verl.rewards.ledger.IncompatibleRewardSiteError: the pool's Python or pebble sites differ from what the
+            ledger was written for (:mod:`stapo_verl.rewards.ledger`).
     """
     route = route_for(data_source) if scorer is None else Route(
         scorer, route_for(data_source).tolerance if str(data_source).strip().lower() in _ROUTES else EXACT.name)

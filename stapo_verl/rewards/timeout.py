@@ -203,13 +203,21 @@ class KillableRunner:
         The first call starts the fork server, which imports the scorers (:mod:`stapo_verl.rewards.warm`); an import
         that hangs would block that call forever, so it is made from a helper thread and waited for with a limit.
 
+        The multiprocessing and pebble sites of :mod:`stapo_verl.rewards.ledger` (the fork server's ``prepare``, the
+        workers' alive pipe, the exit hook's ``unregister``) are checked first: they are applied in processes and at
+        a time where a failure could not reach the caller.
+
         Raises:
             WorkerStartError: no worker answered in time (the fork server is then killed), or the warm-up failed.
+            stapo_verl.rewards.ledger.IncompatibleRewardSiteError: the installed Python or pebble differs from what
+                the ledger was written for (unless ``STAPO_ALLOW_UNSUPPORTED_VERL=1``).
         """
         from pebble import ProcessPool
 
+        from stapo_verl.rewards import ledger
         from stapo_verl.rewards.worker import call, initialize
 
+        ledger.check(ledger.POOL_PATCHES, ledger.POOL_WRITTEN_FOR)
         pool = ProcessPool(max_workers=self.max_workers, initializer=initialize, context=_forkserver_context())
         atexit.unregister(_no_unregister_after_tracker_death)  # once per process, after multiprocessing's own
         atexit.register(_no_unregister_after_tracker_death)
@@ -257,6 +265,8 @@ class KillableRunner:
             ValueError: ``timeout_s <= 0``.
             WorkerStartError: the worker's warm-up import failed (the message carries its exception), or no worker
                 took the call within ``start_timeout_s``.
+            stapo_verl.rewards.ledger.IncompatibleRewardSiteError: the pool's sites differ from what the reward
+                code's ledger was written for (checked when a pool starts).
         """
         from concurrent.futures.process import BrokenProcessPool
 

@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from stapo_verl.core.config import StapoPolicyLossConfig
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoPolicyLossConfig
 
 AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean-token-mean")
 

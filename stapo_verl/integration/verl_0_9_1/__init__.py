@@ -32,13 +32,12 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+
+from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch
 
 logger = logging.getLogger(__name__)
 
 VERL_VERSION = "0.9.1"
-#: set to 1 to load the plugin on another verl version (the gate then only warns)
-ALLOW_ENV = "STAPO_ALLOW_UNSUPPORTED_VERL"
 
 
 class IncompatibleVerlError(BaseException):
@@ -47,30 +46,6 @@ class IncompatibleVerlError(BaseException):
 
     A ``BaseException`` so that verl's plugin loader, which catches ``Exception``, cannot hide it.
     """
-
-
-@dataclass(frozen=True)
-class Patch:
-    """One ledger entry.
-
-    Attributes:
-        symbol: dotted path of the patched verl symbol.
-        action: what the plugin does to it.
-        why: the reason.
-        upstream: what replaces it upstream (which PR of the series in ``upstream/``).
-        remove_when: when to delete the patch.
-        signature: the symbol's signature in verl 0.9.1 (``ast.unparse`` of its arguments and return), or for a
-            name bound by ``from … import``, that import statement.
-        source_sha256: sha256 of the symbol's source in verl 0.9.1, when the plugin copies or relies on its body.
-    """
-
-    symbol: str
-    action: str
-    why: str
-    upstream: str
-    remove_when: str
-    signature: str
-    source_sha256: str | None = None
 
 
 _REMOVE = "when the installed verl contains the upstream PR named here (then drop the plugin's backport)"
@@ -486,7 +461,7 @@ def _register_unsupported() -> None:
     """What the plugin registers on a verl it was not written for, through public registration APIs only.
 
     Hydra's ``ConfigStore`` gets the actor options ``actor/stapo_<engine>_actor`` (so a recipe that selects one
-    composes, and its ``policy_loss._target_``, :class:`stapo_verl.core.config.StapoPolicyLossConfig`, raises the
+    composes, and its ``policy_loss._target_``, :class:`.policy_loss.config.StapoPolicyLossConfig`, raises the
     version error when verl builds the config); verl's ``register_policy_loss`` gets ``stapo`` as
     :func:`unsupported_verl_policy_loss`. A failure here (a verl without these public names) is logged: a job asking
     for the plugin then fails with verl's or Hydra's own error after the warning line.
@@ -494,7 +469,7 @@ def _register_unsupported() -> None:
     try:
         from verl.trainer.ppo.core_algos import register_policy_loss
 
-        from stapo_verl.core import hydra_options
+        from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
 
         hydra_options.register()
         # after hydra_options, whose import of stapo_verl.core.masks registers the real "stapo"
@@ -532,9 +507,10 @@ def install() -> bool:
         return False
     if problems:
         _warn_override(problems)
-    from stapo_verl.core import hydra_options, masks  # noqa: F401  (masks: registers the masks and loss_mode=stapo)
+    from stapo_verl.core import masks  # noqa: F401  (registers the masks and loss_mode=stapo)
     from stapo_verl.integration.post_import import when_imported
     from stapo_verl.integration.verl_0_9_1 import driver_config
+    from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
 
     driver_config.install_validate_config()
     # The hooks name their module as "module:function": it is imported when verl's module is, not now. Loading the

@@ -1,7 +1,7 @@
 """Driver-side patches: ``verl.utils.config.validate_config`` and ``verl.trainer.main_ppo.run_ppo``.
 
-Both run :func:`stapo_verl.core.config.fill_policy_loss_target` on the composed trainer config before verl builds
-any config object from it (``validate_config`` additionally runs the cross-key checks). ``main_ppo.main`` calls
+Both run :func:`.policy_loss.config.fill_policy_loss_target` on the composed trainer config before verl builds any
+config object from it (``validate_config`` additionally runs the cross-key checks). ``main_ppo.main`` calls
 ``validate_config`` on the same ``DictConfig`` it then hands to ``run_ppo``, so the filled ``_target_`` is what Ray
 ships to the TaskRunner and the workers. Ledger entries: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`.
 """
@@ -21,7 +21,10 @@ def wrap_validate_config(orig):
 
     @functools.wraps(orig)
     def validate_config(config, *args, **kwargs):
-        from stapo_verl.core.config import fill_policy_loss_target, validate_token_mask_config
+        from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
+            fill_policy_loss_target,
+            validate_token_mask_config,
+        )
 
         fill_policy_loss_target(config)
         validate_token_mask_config(config)
@@ -36,7 +39,7 @@ def wrap_run_ppo(orig):
 
     @functools.wraps(orig)
     def run_ppo(config, *args, **kwargs):
-        from stapo_verl.core.config import fill_policy_loss_target
+        from stapo_verl.integration.verl_0_9_1.policy_loss.config import fill_policy_loss_target
 
         fill_policy_loss_target(config)
         return orig(config, *args, **kwargs)

@@ -37,7 +37,7 @@ def _diagnostics_of(trainer):
     if _STATE not in trainer.__dict__:
         from verl.utils.config import omega_conf_to_dataclass
 
-        from stapo_verl.core.config import wants_plugin_config
+        from stapo_verl.integration.verl_0_9_1.policy_loss.config import wants_plugin_config
         from stapo_verl.diagnostics.driver import DriverDiagnostics
 
         pl = trainer.config.actor_rollout_ref.actor.policy_loss

@@ -21,18 +21,18 @@ import verl.trainer.main_ppo as main_ppo
 from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.config import FSDPActorConfig, McoreActorConfig, PolicyLossConfig
 
-from stapo_verl.core import hydra_options
-from stapo_verl.core.config import (
+from stapo_verl.core.masks import TOKEN_MASKS
+from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
     StapoConfigError,
     StapoPolicyLossConfig,
     fill_policy_loss_target,
     validate_token_mask_config,
 )
-from stapo_verl.core.masks import TOKEN_MASKS
 
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 PL = "actor_rollout_ref.actor.policy_loss"
-OURS = "stapo_verl.core.config.StapoPolicyLossConfig"
+OURS = "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig"
 # verl's validate_config needs the micro-batch sizes a real run sets; nothing STAPO-specific.
 SMALL = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"]

@@ -15,7 +15,11 @@ import pytest
 from support.current_minibatch_checks import check_current_route, check_exact_renormalisation
 from support.procs import child_env, free_port
 
-from stapo_verl.core.config import StapoConfigError, validate_token_mask_config
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
+    StapoConfigError,
+    stapo_target,
+    validate_token_mask_config,
+)
 from stapo_verl.minibatch.dump_schema import SCHEMA
 
 CAP = 12
@@ -77,8 +81,8 @@ def _cfg(**over):
          "data": {"train_batch_size": 16},
          "actor_rollout_ref": {"actor": {"calculate_entropy": False, "entropy_coeff": 0.0, "ppo_mini_batch_size": 4,
                                          "ppo_epochs": 1,
-                                         "policy_loss": {"_target_": "stapo_verl.core.config.StapoPolicyLossConfig",
-                                                         "loss_mode": "stapo", "stats_source": "current_minibatch"}}}}
+                                         "policy_loss": {"_target_": stapo_target(), "loss_mode": "stapo",
+                                                         "stats_source": "current_minibatch"}}}}
     cfg = OmegaConf.create(c)
     for k, v in over.items():
         OmegaConf.update(cfg, k, v)

@@ -27,8 +27,10 @@ FIRST_IMPORT_FAILS = {
     "stapo_verl.cpu.platform": "cannot import name 'PlatformCPU' from partially initialized module",
 }
 #: what the plugin must load in a CPU process, at least (so the test cannot pass on an empty list)
-MUST_COVER = {"stapo_verl.plugin", "stapo_verl.core.config", "stapo_verl.core.masks",
-              "stapo_verl.integration.verl_0_9_1.driver_config", "stapo_verl.cpu", "stapo_verl.cpu.platform"}
+MUST_COVER = {"stapo_verl.plugin", "stapo_verl.core.masks", "stapo_verl.integration.verl_0_9_1.driver_config",
+              "stapo_verl.integration.verl_0_9_1.policy_loss", "stapo_verl.integration.verl_0_9_1.policy_loss.config",
+              "stapo_verl.integration.verl_0_9_1.policy_loss.hydra_options", "stapo_verl.cpu",
+              "stapo_verl.cpu.platform"}
 
 
 def test_any_module_first_then_verl_loads_the_plugin():

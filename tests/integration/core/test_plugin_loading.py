@@ -14,11 +14,11 @@ import ray
 from hydra import compose, initialize_config_dir
 
 import verl
-from stapo_verl.core.config import StapoConfigError, validate_token_mask_config
 from stapo_verl.core.masks import TOKEN_MASKS
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError, validate_token_mask_config
 
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
-OURS = "stapo_verl.core.config.StapoPolicyLossConfig"
+OURS = "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig"
 STAPO_OVERRIDES = [
     f"actor_rollout_ref.actor.policy_loss._target_={OURS}",
     "actor_rollout_ref.actor.policy_loss.loss_mode=stapo",
@@ -48,8 +48,9 @@ def _probe():
         from verl.utils.config import omega_conf_to_dataclass
         from omegaconf import OmegaConf
 
-        omega_conf_to_dataclass(OmegaConf.create({"_target_": "stapo_verl.core.config.StapoPolicyLossConfig",
-                                                  "loss_mode": "stapo"}))
+        omega_conf_to_dataclass(OmegaConf.create({
+            "_target_": "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig",
+            "loss_mode": "stapo"}))
         result["error"] = None
     except Exception as e:  # the self-check
         result["error"] = f"{type(e).__name__}: {e}"
@@ -88,7 +89,7 @@ def test_importing_our_config_first_still_installs_the_plugin():
     # Regression: with a core module as the process's first import, verl's plugin loading started inside the
     # half-initialised module, the circular import was swallowed, and nothing registered.
     code = (
-        "import stapo_verl.core.config\n"
+        "import stapo_verl.integration.verl_0_9_1.policy_loss.config\n"
         "import sys\n"
         "from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY as R\n"
         "print('stapo_verl.plugin' in sys.modules, sorted(R))\n"
@@ -102,7 +103,7 @@ def test_importing_our_config_first_still_installs_the_plugin():
 def test_plugins_disabled_in_a_plain_process():
     code = (
         "import verl\n"
-        "from stapo_verl.core.config import StapoPolicyLossConfig\n"
+        "from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoPolicyLossConfig\n"
         "StapoPolicyLossConfig(loss_mode='vanilla', token_mask='s2t')\n"
     )
     env = dict(os.environ, VERL_USE_EXTERNAL_PLUGINS="none")
@@ -137,7 +138,7 @@ def test_foreign_target_fails_in_verls_validate_config():
         cfg = compose(config_name="ppo_trainer", overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=stapo",
                                                             "actor_rollout_ref.actor.policy_loss._target_="
                                                             "verl.workers.config.CriticConfig"])
-    with pytest.raises(StapoConfigError, match="_target_=stapo_verl.core.config.StapoPolicyLossConfig"):
+    with pytest.raises(StapoConfigError, match=f"_target_={OURS}"):
         vcfg.validate_config(cfg, use_reference_policy=False, use_critic=False)
 
 

@@ -68,7 +68,8 @@ out = {
     "stapo_loss": POLICY_LOSS_REGISTRY["stapo"].__name__,
 }
 for key, node in (
-    ("config_error", {"_target_": "stapo_verl.core.config.StapoPolicyLossConfig", "loss_mode": "stapo"}),
+    ("config_error", {"_target_": "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig",
+                      "loss_mode": "stapo"}),
     ("vanilla_config", {"_target_": "verl.workers.config.PolicyLossConfig", "loss_mode": "vanilla"}),
 ):
     try:

@@ -146,7 +146,8 @@ def test_qwen3_8b_stapo_script_dry_run_prints_the_paper_setup():
     assert s["actor_rollout_ref.rollout.name"] == "vllm"
     assert s["actor_rollout_ref.rollout.mode"] == "async"
     assert s["actor_rollout_ref.actor.policy_loss.loss_mode"] == "stapo"
-    assert s["actor_rollout_ref.actor.policy_loss._target_"] == "stapo_verl.core.config.StapoPolicyLossConfig"
+    assert s["actor_rollout_ref.actor.policy_loss._target_"] == (
+        "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig")
     assert float(s["actor_rollout_ref.actor.policy_loss.tau_p"]) == 0.002
     assert float(s["actor_rollout_ref.actor.policy_loss.entropy_quantile"]) == 0.75
     assert float(s["actor_rollout_ref.actor.optim.lr"]) == 1e-6
@@ -372,7 +373,8 @@ def test_tiny_size_runs_the_production_overrides():
     # the STAPO short form: the plugin's actor option, no `+`
     assert "actor@actor_rollout_ref.actor=stapo_dp_actor" in overrides
     assert not any(o.startswith("+actor_rollout_ref.actor.policy_loss.") for o in overrides)
-    assert st(arr + "actor.policy_loss._target_") == "stapo_verl.core.config.StapoPolicyLossConfig"
+    assert st(arr + "actor.policy_loss._target_") == (
+        "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig")
     assert st(arr + "actor.policy_loss.tau_p") == 0.05  # STAPO_TAU_P reaches the declared key
     # the CPU delta
     assert st(arr + "rollout.name") == "cpu" and st(arr + "actor.strategy") == "fsdp2"

@@ -14,9 +14,15 @@ from omegaconf import OmegaConf
 import stapo_verl.plugin  # noqa: F401  (the config class checks that the plugin is loaded)
 from stapo_verl.algo.s2t import s2t_keep_mask
 from stapo_verl.algo.selections import top_entropy_keep_mask
-from stapo_verl.core.config import TOKEN_MASK_KEYS, StapoConfigError, StapoPolicyLossConfig, validate_token_mask_config
 from stapo_verl.algo.config_ranges import RANGES, check_range
 from stapo_verl.core.masks import TOKEN_MASKS
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
+    TOKEN_MASK_KEYS,
+    StapoConfigError,
+    StapoPolicyLossConfig,
+    stapo_target,
+    validate_token_mask_config,
+)
 from stapo_verl.diagnostics.collapse import RunningZScore
 from stapo_verl.diagnostics.quadrants import quadrant_masks
 from stapo_verl.diagnostics.stats import log10_p_edges, mask_statistics
@@ -99,7 +105,7 @@ def test_the_megatron_pipeline_rule_is_one_check_for_the_config_and_the_extra_fo
 
     cfg = OmegaConf.create({"trainer": {"use_v1": True}, "actor_rollout_ref": {"actor": {
         "strategy": "megatron", "megatron": {"pipeline_model_parallel_size": 2},
-        "policy_loss": {"_target_": "stapo_verl.core.config.StapoPolicyLossConfig", "loss_mode": "stapo",
+        "policy_loss": {"_target_": stapo_target(), "loss_mode": "stapo",
                         "stats_source": "current_minibatch"}}}})
     at_build = _error(validate_token_mask_config, cfg)
     engine = type("MegatronEngine", (), {"__module__": "verl.workers.engine.megatron.transformer_impl"})()

@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import stapo_verl.plugin  # noqa: F401  (installs the integration, as verl's entry point does)
-from stapo_verl.core.config import stapo_target
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload
 from stapo_verl.diagnostics.stats import Histogram
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import stapo_target
 
 ROW = {"step": 2, "minibatch": 0, "dp_rank": 1, "sample_index": 0, "position": 4, "token_id": 17, "token": "x",
        "context": "a ⟦x⟧ b", "p": 1e-4, "entropy": 0.3, "advantage": 1.0, "tau_h": 0.7, "tau_p": 0.002,

@@ -4,7 +4,6 @@ key, and the config keys that drive them."""
 import pytest
 from support.verl_batches import actor_config
 
-from stapo_verl.core.config import StapoConfigError
 from stapo_verl.diagnostics.shipping import (
     PAYLOAD_KEY,
     DiagnosticsPayload,
@@ -14,6 +13,7 @@ from stapo_verl.diagnostics.shipping import (
     table_rows,
     take_payloads,
 )
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError
 
 
 def test_table_due_follows_validation_by_default_and_dump_every_otherwise():

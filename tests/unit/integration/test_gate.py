@@ -7,7 +7,8 @@ import pytest
 
 from stapo_verl.core import losses as core_losses
 from stapo_verl.integration import verl_0_9_1 as integ
-from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, Patch, check_verl, fingerprint, mismatches
+from stapo_verl.integration.source_fingerprint import Patch
+from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, check_verl, fingerprint, mismatches
 
 
 def test_installed_verl_matches_the_ledger():

@@ -73,7 +73,7 @@ def test_no_statistics_are_computed_for_a_mask_without_candidates(monkeypatch):
 
 @pytest.mark.parametrize("value", ["yes", 1])
 def test_the_switch_is_a_bool(value):
-    from stapo_verl.core.config import StapoConfigError
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError
 
     with pytest.raises(StapoConfigError, match=r"policy_loss\.mask_statistics="):
         actor_config("stapo", mask_statistics=value)

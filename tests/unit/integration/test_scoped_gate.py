@@ -14,11 +14,11 @@ import pytest
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_loss_vanilla, get_policy_loss_fn
 
 import stapo_verl
-from stapo_verl.core.config import StapoNotRegisteredError, StapoPolicyLossConfig
 from stapo_verl.core.masks import compute_policy_loss_stapo
 from stapo_verl.integration import post_import
 from stapo_verl.integration import verl_0_9_1 as integ
 from stapo_verl.integration.verl_0_9_1 import ALLOW_ENV, IncompatibleVerlError, driver_config
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoNotRegisteredError, StapoPolicyLossConfig
 
 FOUND = f"stapo-verl {stapo_verl.__version__} is written for verl 0.9.1; found verl 0.9.0"
 PL = "actor_rollout_ref.actor.policy_loss"

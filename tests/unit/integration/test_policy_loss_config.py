@@ -4,8 +4,13 @@ import pytest
 from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
-from stapo_verl.core.config import REPLACED_LOSS_MODES, StapoConfigError, StapoPolicyLossConfig, stapo_target
 from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
+    REPLACED_LOSS_MODES,
+    StapoConfigError,
+    StapoPolicyLossConfig,
+    stapo_target,
+)
 
 
 def test_loss_mode_stapo_is_vanilla_plus_s2t():

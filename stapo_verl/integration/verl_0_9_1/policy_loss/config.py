@@ -1,4 +1,11 @@
-"""Policy-loss config with the token-mask keys, and the checks of a composed trainer config.
+"""Policy-loss config with the token-mask keys, and the checks of a composed trainer config (verl 0.9.1 only).
+
+Why this lives in the verl 0.9.1 integration and not in :mod:`stapo_verl.core`: every name here exists because verl
+0.9.1's ``PolicyLossConfig`` has no ``token_mask``. The upstream series (``upstream/``) adds the field and its checks to
+verl's own ``PolicyLossConfig``, so there is no ``_target_`` to fill, no plugin to require and no replaced loss mode to
+refuse; with it, this module goes. Nothing here is split out into core because what is independent of the verl
+version, the allowed values of every key, already lives in :mod:`stapo_verl.algo.config_ranges`, and the masks declare
+which keys they read where they are registered (:mod:`stapo_verl.core.masks`).
 
 verl 0.9.1's ``PolicyLossConfig`` has no ``token_mask``; :class:`StapoPolicyLossConfig` is that class plus the keys
 the upstream series adds (``token_mask``, S2T's ``tau_p`` and ``entropy_quantile``) and the plugin's own

@@ -8,14 +8,18 @@ Selected like any verl actor config (``verl/trainer/config/ppo_trainer.yaml`` ha
 
 Each option is ``defaults: [<engine>_actor, _self_]`` (verl's own ``actor/dp_actor.yaml`` /
 ``actor/megatron_actor.yaml``, unchanged) plus ``policy_loss._target_``, ``policy_loss.loss_mode: stapo``,
-``policy_loss.token_mask: s2t`` (STAPO) and every other field :class:`stapo_verl.core.config.StapoPolicyLossConfig`
-adds to verl's ``PolicyLossConfig`` with its dataclass default. Because the keys are declared, overriding them needs
+``policy_loss.token_mask: s2t`` (STAPO) and every other field :class:`~.config.StapoPolicyLossConfig` adds to verl's
+``PolicyLossConfig`` with its dataclass default. Because the keys are declared, overriding them needs
 no ``+`` and a misspelt key fails in Hydra (``Key 'tau_pp' is not in struct``). ``loss_mode`` can be set to any
 verl loss (``loss_mode=cispo`` keeps ``token_mask=s2t``: S2T in front of CISPO).
 
 Registered in Hydra's ``ConfigStore`` (the ``structured://`` config source every Hydra app searches) at plugin
 import, i.e. inside ``import verl``, which ``python -m verl.trainer.main_ppo`` runs before ``@hydra.main`` composes.
 Source: Hydra 1.3 "Config Store API" and "Defaults List"; verl 0.9.1 ``trainer/config/actor/*.yaml``.
+
+Part of the verl 0.9.1 integration, not of :mod:`stapo_verl.core`: the options exist because verl 0.9.1's
+``actor.yaml`` declares no ``token_mask`` (and the keys are those of the plugin's config class, which verl 0.9.1
+needs as ``_target_``). With the upstream series ``actor.yaml`` declares the mask keys itself.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 from omegaconf import MISSING
 from verl.workers.config.actor import PolicyLossConfig
 
-from stapo_verl.core.config import StapoPolicyLossConfig, stapo_target
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoPolicyLossConfig, stapo_target
 
 #: verl model engines (``model_engine=…``) the options exist for; the plugin's entropy plumbing covers these.
 ENGINES = ("dp", "megatron")
