@@ -1,8 +1,8 @@
 """The allowed values of the policy-loss config keys and the config's cross-key rules: one definition each.
 
-:class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig` applies them when the config is built: the token-mask keys
-(``tau_p``, ``entropy_quantile``, ``top_entropy_ratio``) whenever a token mask is selected, the diagnostics keys
-always.
+:class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig` applies them when the config is
+built: the token-mask keys (``tau_p``, ``entropy_quantile``, ``top_entropy_ratio``) whenever a token mask is
+selected, the diagnostics keys always.
 A public library function that takes one of these values (τ_p for the log10 p histogram, q for the quadrants, ρ of
 the 20-Entropy mask, the collapse window) calls the same check here instead of keeping bounds of its own, so it
 accepts exactly what the config accepts, with the same message.
