@@ -124,8 +124,9 @@ def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, 
     Source: STAPO paper §3 and Algorithm 1 (τ_h: ``torch.quantile``, linear), generalised to data parallelism.
     """
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
-    rows, offset, n_valid, n_nonfinite = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite,
-                                                           group)
+    rows, offset, n_valid, n_nonfinite = gather_candidates(
+        log_prob, entropy, response_mask, candidates, nonfinite, group
+    )
     tau_h = float(torch.quantile(rows[:, 0], q)) if len(rows) else None
     silenced = rows[:, 0] < tau_h if tau_h is not None else torch.zeros(0, dtype=torch.bool, device=rows.device)
     spurious = torch.zeros_like(candidates)

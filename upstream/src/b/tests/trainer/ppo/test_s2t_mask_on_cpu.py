@@ -104,8 +104,9 @@ def _dp_worker(rank: int, world: int, init_file: str, queue) -> None:
         population = [t[rows] for t in _population()]
         keep, metrics = s2t_keep_mask(*population, tau_p=TAU_P, q=0.75, group=dist.group.WORLD)
         candidates, nonfinite = candidate_mask(*population, TAU_P)
-        gathered, offset, *_ = gather_candidates(population[0], population[1], population[3], candidates, nonfinite,
-                                                 dist.group.WORLD)
+        gathered, offset, *_ = gather_candidates(
+            population[0], population[1], population[3], candidates, nonfinite, dist.group.WORLD
+        )
         queue.put((rank, keep.tolist(), metrics, gathered[:, 0].tolist(), offset))
     finally:
         dist.destroy_process_group()
