@@ -330,6 +330,23 @@ def sizes(patch_dir: Path = PATCH_DIR) -> str:
     return "\n".join(rows) + "\n"
 
 
+def file_sizes(patch_dir: Path = PATCH_DIR) -> str:
+    """Markdown table: per patch with production code, +added/−removed lines of each production file (``verl/``,
+    the regenerated ``_generated_*.yaml`` left out), so that a text describing where the lines go quotes numbers
+    that a build regenerates."""
+    rows = ["| patch (PR) | production file | lines |", "|---|---|---|"]
+    for patch, name in zip(PATCHES, (patch_dir / "series").read_text().split(), strict=True):
+        count: dict[str, list[int]] = {}
+        path = None
+        for line in (patch_dir / name).read_text(encoding="utf-8").splitlines():
+            if m := re.match(r"^diff --git a/(\S+) b/", line):
+                path = m[1] if m[1].startswith("verl/") and "/_generated_" not in m[1] else None
+            elif path and line[:1] in ("+", "-") and not line.startswith(("+++ ", "--- ")):
+                count.setdefault(path, [0, 0])[line[0] == "-"] += 1
+        rows += [f"| {name[:4]} {patch.pr} | `{f}` | +{a} / −{r} |" for f, (a, r) in sorted(count.items())]
+    return "\n".join(rows) + "\n"
+
+
 #: references a committed text must not make (a reader of this repository cannot open them); spelt in pieces
 FORBIDDEN_REFERENCES = re.compile("issue [0-9]|spec" + " §|verl" + "_notes|shared" + "/docs|\\.\\./shared|/wo" + "rk/")
 OWN_TEXTS = ("upstream/README.md", "upstream/RFC.md", "upstream/PR.md", "upstream/verl_overlay/README.md")
@@ -353,6 +370,8 @@ def check_docs() -> int:
                 if not sections.get(p.subject)]
     problems += [f"{doc} lacks the current sizes table (build_series.py --sizes)" for doc in ("PR.md", "RFC.md")
                  if sizes() not in (HERE / doc).read_text(encoding="utf-8")]
+    if file_sizes() not in (HERE / "RFC.md").read_text(encoding="utf-8"):
+        problems.append("RFC.md lacks the current per-file sizes table (build_series.py --sizes)")
     own = [REPO / t for t in OWN_TEXTS] + [REPO / "scripts/check_upstream.sh", Path(__file__)]
     own += [f for f in SRC.rglob("*") if f.is_file() and "__pycache__" not in f.parts]
     for path in own:
@@ -380,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check_tree:
         return check_tree(args.check_tree, args.upto)
     if args.sizes:
-        print(sizes(), end="")
+        print(sizes() + "\n" + file_sizes(), end="")
         return 0
     if args.check_overlay or args.check_docs:
         return check_overlay() if args.check_overlay else check_docs()

@@ -33,4 +33,7 @@ def check_exact_renormalisation(r):
     assert r["n_keep"] == [v - k for v, k in zip(r["n_valid"], r["n_masked"], strict=True)]
     assert r["pg_batch_num_tokens"] == [float(k) for k in r["n_keep"]]
     assert r["engine_batch_num_tokens"] == [float(v) for v in r["n_valid"]]  # KL/entropy: all valid tokens
+    # the policy-gradient call sees ΣK, then ppo_loss sets the engine's count back for the KL and entropy terms
+    assert r["batch_num_tokens_writes"] == [[float(v), float(k), float(v)]
+                                            for v, k in zip(r["n_valid"], r["n_keep"], strict=True)]
     assert r["metrics"]["actor/stapo/num_masked"] == [float(k) for k in r["n_masked"]]

@@ -109,6 +109,15 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
     worker.reset()
     cfg = actor_config("stapo", tau_p=0.03, stats_source=stats_source, dump_tokens=bool(dump_dir), dump_dir=dump_dir,
                        dump_max_rows_per_step=cap)
+    token_counts = []  # every value ppo_loss writes to global_batch_info["batch_num_tokens"], in order
+
+    class RecordingBatchInfo(dict):
+        def __setitem__(self, key, value):
+            if key == "batch_num_tokens":
+                token_counts.append(float(value))
+            super().__setitem__(key, value)
+
+    object.__setattr__(cfg, "global_batch_info", RecordingBatchInfo(cfg.global_batch_info))  # test-only spy
     worker.set_loss_fn(functools.partial(engine_workers.ppo_loss, config=cfg))  # as init_model builds it
     if dump_dir:
         worker._stapo_tokenizer = word_tokenizer()
@@ -153,7 +162,7 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
 
         def spy(**kw):
             pg_bnt.append(float(kw["config"].global_batch_info["batch_num_tokens"]))
-            engine_bnt.append(float(cfg.global_batch_info["batch_num_tokens"]))  # the engine's Σ loss_mask
+            engine_bnt.append(token_counts[-2])  # written at the micro-batch's start: the engine's Σ loss_mask
             losses_seen.append(kw["log_prob"].detach().clone())
             return policy_loss_fn(**kw)
 
@@ -201,6 +210,8 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
         "n_valid_expected": [n_valid[2 * j] + n_valid[2 * j + 1] for j in range(4)],
         "pg_batch_num_tokens": pg_bnt,
         "engine_batch_num_tokens": engine_bnt,
+        # per micro-batch: the engine's count, ΣK for the policy-gradient call, the engine's count again (KL/entropy)
+        "batch_num_tokens_writes": [token_counts[3 * i: 3 * i + 3] for i in range(len(token_counts) // 3)],
         "n_keep": [m["n_keep"] for m in masks],
         "micro_batches_per_minibatch": mb_per_minibatch,
         # kept tokens of mini-batch j: the mask's log p vs the training forward's (1 micro-batch per mini-batch)
