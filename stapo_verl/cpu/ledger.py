@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import warnings
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
 
 from stapo_verl.cpu.megatron_shims.core import PROXIED_MODULES
-from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch, ledger_mismatches
+from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch, enforce_ledger
 from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError
 
 logger = logging.getLogger(__name__)
@@ -658,14 +656,6 @@ def check(patches: Iterable[Patch], written_for: str) -> None:
         IncompatibleSiteError: a symbol is missing or differs (the message names the first one and the count), unless
             ``STAPO_ALLOW_UNSUPPORTED_VERL=1`` (then a warning).
     """
-    problems = ledger_mismatches(patches, written_for)
-    if not problems:
-        return
-    message = (f"stapo-verl's CPU platform (VERL_PLATFORM=cpu) was written for {written_for}; "
-               f"{len(problems)} site(s) differ, first: {problems[0]}. Install the versions of the [cpu]/[megatron] "
-               f"extras, or run without VERL_PLATFORM=cpu. To load anyway, at your own risk: {ALLOW_ENV}=1.")
-    if os.environ.get(ALLOW_ENV, "") == "1":
-        warnings.warn(f"{message} Proceeding because {ALLOW_ENV}=1. All differences: {problems}", stacklevel=2)
-        logger.warning("%s Proceeding because %s=1.", message, ALLOW_ENV)
-        return
-    raise IncompatibleSiteError(message)
+    enforce_ledger(patches, written_for, owner="CPU platform (VERL_PLATFORM=cpu)", error=IncompatibleSiteError,
+                   log=logger, remedy="Install the versions of the [cpu]/[megatron] extras, or run without "
+                   f"VERL_PLATFORM=cpu. To load anyway, at your own risk: {ALLOW_ENV}=1.")

@@ -31,11 +31,13 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import logging
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ALLOW_ENV", "Patch", "fingerprint", "ledger_mismatches", "module_file"]
+__all__ = ["ALLOW_ENV", "Patch", "enforce_ledger", "fingerprint", "ledger_mismatches", "module_file"]
 
 #: set to 1 to load the plugin on another verl version, or to run past any ledger's gate (the gates then only warn)
 ALLOW_ENV = "STAPO_ALLOW_UNSUPPORTED_VERL"
@@ -252,3 +254,30 @@ def ledger_mismatches(patches: Iterable, written_for: str) -> list[str]:
         elif patch.source_sha256 is not None and digest != patch.source_sha256:
             problems.append(f"{patch.symbol}: source differs from {written_for}'s (sha256 {digest[:12]}…)")
     return problems
+
+
+def enforce_ledger(patches: Iterable, written_for: str, *, owner: str, remedy: str,
+                   error: type[BaseException], log: logging.Logger) -> None:
+    """The gate every ledger's ``check`` runs: raise ``error`` unless every entry's symbol exists with the signature
+    (and source hash) it was written for.
+
+    Args:
+        patches: ledger entries (:class:`Patch`). written_for: what they were written against (for the message).
+        owner: the part of stapo-verl the ledger belongs to, e.g. ``"CPU platform (VERL_PLATFORM=cpu)"``.
+        remedy: what the user should do, ending with what :data:`ALLOW_ENV` lets them do anyway.
+        error: the exception class to raise. log: the ledger module's logger (the warning is logged there too).
+
+    Raises:
+        error: a symbol is missing or differs (the message names the first one and the count), unless
+            ``STAPO_ALLOW_UNSUPPORTED_VERL=1`` (then a warning on ``warnings`` and ``log``, listing every difference).
+    """
+    problems = ledger_mismatches(patches, written_for)
+    if not problems:
+        return
+    message = (f"stapo-verl's {owner} was written for {written_for}; {len(problems)} site(s) differ, first: "
+               f"{problems[0]}. {remedy}")
+    if os.environ.get(ALLOW_ENV, "") == "1":
+        warnings.warn(f"{message} Proceeding because {ALLOW_ENV}=1. All differences: {problems}", stacklevel=3)
+        log.warning("%s Proceeding because %s=1.", message, ALLOW_ENV)
+        return
+    raise error(message)

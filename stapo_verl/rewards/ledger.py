@@ -29,11 +29,9 @@ turns the error into a warning. This module imports neither verl nor torch.
 from __future__ import annotations
 
 import logging
-import os
-import warnings
 from collections.abc import Iterable
 
-from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch, ledger_mismatches
+from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch, enforce_ledger
 
 logger = logging.getLogger(__name__)
 
@@ -233,14 +231,6 @@ def check(patches: Iterable[Patch], written_for: str) -> None:
             unless ``STAPO_ALLOW_UNSUPPORTED_VERL=1`` (then a warning, on ``warnings`` and the log, listing every
             difference).
     """
-    problems = ledger_mismatches(patches, written_for)
-    if not problems:
-        return
-    message = (f"stapo-verl's reward code (stapo_verl.rewards) was written for {written_for}; {len(problems)} site(s) "
-               f"differ, first: {problems[0]}. Install the versions it was written for (math-verify==0.9.0; Python "
-               f"3.10 to 3.13). To score anyway, at your own risk: {ALLOW_ENV}=1.")
-    if os.environ.get(ALLOW_ENV, "") == "1":
-        warnings.warn(f"{message} Proceeding because {ALLOW_ENV}=1. All differences: {problems}", stacklevel=2)
-        logger.warning("%s Proceeding because %s=1.", message, ALLOW_ENV)
-        return
-    raise IncompatibleRewardSiteError(message)
+    enforce_ledger(patches, written_for, owner="reward code (stapo_verl.rewards)", error=IncompatibleRewardSiteError,
+                   log=logger, remedy="Install the versions it was written for (math-verify==0.9.0; Python 3.10 to "
+                   f"3.13). To score anyway, at your own risk: {ALLOW_ENV}=1.")
