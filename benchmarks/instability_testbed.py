@@ -245,6 +245,37 @@ def compare_table(rows: dict[str, dict[int, dict]], arms: list[str], seeds: list
     return "\n".join(lines)
 
 
+def compare_figures(rows: dict[str, dict[int, dict]], arms: list[str], out: Path, stem: str) -> list[Path]:
+    """``<stem>_val_accuracy.png`` and ``<stem>_entropy.png``: per arm its seeds thin and their mean thick, against
+    the step (``rows[arm][seed]``: :func:`run_row`, whose ``val`` and ``entropy`` are ``{step: value}``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = dict(zip(arms, plt.get_cmap("tab10").colors, strict=False))
+    written = []
+    for key, label in (("val", VAL_KEY), ("entropy", ENTROPY_KEY)):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for arm in arms:
+            curves = [r[key] for r in rows.get(arm, {}).values() if r[key]]
+            for c in curves:
+                ax.plot(sorted(c), [c[k] for k in sorted(c)], color=colors[arm], alpha=0.2, lw=0.8)
+            if curves:
+                steps = sorted(set.intersection(*(set(c) for c in curves)))
+                ax.plot(steps, [statistics.fmean(c[k] for c in curves) for k in steps], color=colors[arm], lw=2,
+                        label=f"{arm} (mean of {len(curves)})")
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"{stem}_{'val_accuracy' if key == 'val' else key}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 def search_plan(out: Path, names: list[str], seeds: list[int]) -> list[tuple]:
     """``(candidate, seed, run_dir, env, argv)`` of every search run: the paired comparison's ``vanilla`` arm (the
     keep-all mask, so the LM-head norm is recorded), validation before training and every :data:`TEST_FREQ` steps on
@@ -320,7 +351,7 @@ def compare(a, known: list[str]) -> int:
         return 0
     t0 = time.time()
     for k, (arm, s, run_dir, env, cmd) in enumerate(plan, 1):
-        if pc.run_done(run_dir, cand.steps):
+        if a.report or pc.run_done(run_dir, cand.steps):
             continue
         print(f"[instability] compare {k}/{len(plan)} {arm} seed {s} ({time.time() - t0:.0f} s so far)", flush=True)
         started = time.time()
@@ -333,7 +364,9 @@ def compare(a, known: list[str]) -> int:
     text = "\n".join([f"# Comparison in {cand.name} ({cand.about}, {cand.steps} steps), seeds 1-{a.seeds}", "",
                       compare_table(rows, arms, seeds), "",
                       "Arms: " + "; ".join(f"`{x}` = {TESTBED_ARMS[x].about}" for x in arms) + ".", "",
+                      f"Figures: `compare_{cand.name}_val_accuracy.png`, `compare_{cand.name}_entropy.png`.", "",
                       f"Command: `python benchmarks/instability_testbed.py {shlex.join(sys.argv[1:])}`"])
+    compare_figures(rows, arms, out, f"compare_{cand.name}")
     (out / f"compare_{cand.name}.md").write_text(text + "\n")
     (out / f"compare_{cand.name}.json").write_text(json.dumps(rows, indent=1, default=str))
     print(text)
@@ -353,6 +386,7 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "instability")
     ap.add_argument("--dry", action="store_true", help="print the commands and exit")
+    ap.add_argument("--report", action="store_true", help="--compare: write the table of the finished runs only")
     a = ap.parse_args(argv)
     if sum(map(bool, (a.search, a.confirm, a.compare))) != 1:
         ap.error("say one of --search, --confirm CANDIDATE or --compare CANDIDATE")

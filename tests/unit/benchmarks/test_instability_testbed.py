@@ -116,3 +116,11 @@ def test_the_comparison_runs_vanilla_first_in_the_searchs_directories(tb, tmp_pa
     argv = plan[2][4]
     assert argv[3] == "stapo" and argv.index("actor_rollout_ref.actor.policy_loss.tau_p=0.002") < argv.index(
         "actor_rollout_ref.actor.optim.lr=4e-4")
+
+
+def test_the_comparison_figures_are_written_per_arm(tb, tmp_path):
+    rows = {"vanilla": {1: {"val": {0: 0.5, 10: 0.6}, "entropy": {1: 0.5, 2: 0.4}}},
+            "stapo": {1: {"val": {0: 0.5, 10: 0.7}, "entropy": {1: 0.5, 2: 0.45}}}, "top_entropy": {}}
+    paths = tb.compare_figures(rows, ["vanilla", "stapo", "top_entropy"], tmp_path, "compare_x")
+    assert [p.name for p in paths] == ["compare_x_val_accuracy.png", "compare_x_entropy.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
