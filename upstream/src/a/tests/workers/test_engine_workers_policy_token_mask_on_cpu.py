@@ -79,7 +79,10 @@ def _worker(seen):
         loss_fn=lambda **kwargs: None,
         prepare_batch_fn=None,
         profiler=None,  # no DistProfiler: the decorated method runs as is
-        _postprocess_output=MagicMock(),
+        # stands in for verl's reduction over the DP group: returns the metrics it is given, as its output does
+        _postprocess_output=MagicMock(
+            side_effect=lambda output, **kwargs: tu.get_tensordict({}, non_tensor_dict={"metrics": output["metrics"]})
+        ),
     )
 
 
@@ -97,18 +100,21 @@ def test_train_batch_runs_the_pre_pass_before_the_engine_and_reports_its_metrics
     worker.prepare_batch_fn = partial(
         apply_policy_token_mask, SimpleNamespace(policy_loss=PolicyLossConfig(token_mask="keep_first"))
     )
-    TrainingWorker.train_batch(worker, _mini_batch())
+    output = TrainingWorker.train_batch(worker, _mini_batch())
     (engine_saw,) = seen
     assert [t.tolist() for t in engine_saw["policy_loss_mask"].unbind()] == [[1, 0, 0], [1, 0]]
     assert engine_saw["policy_batch_num_tokens"] == 2
     assert int(engine_saw["loss_mask"].values().sum()) == 5  # batch_num_tokens is still Σ loss_mask
-    metrics = worker._postprocess_output.call_args.args[0]["metrics"]
+    # the mask's metrics are global over DP already: they join the output after verl's reduction
+    assert worker._postprocess_output.call_args.args[0]["metrics"] == {"actor/pg_loss": [0.5]}
+    metrics = tu.get(output, "metrics")
     assert metrics == {"actor/pg_loss": [0.5], "actor/keep_first/kept": 2.0, "actor/policy_batch_num_tokens": 2.0}
 
 
 def test_train_batch_without_a_pre_pass_is_unchanged():
     seen = []
     worker = _worker(seen)
-    TrainingWorker.train_batch(worker, _mini_batch())
+    output = TrainingWorker.train_batch(worker, _mini_batch())
     assert seen[0]["policy_loss_mask"] is None and seen[0]["policy_batch_num_tokens"] is None
     assert worker._postprocess_output.call_args.args[0]["metrics"] == {"actor/pg_loss": [0.5]}
+    assert tu.get(output, "metrics") == {"actor/pg_loss": [0.5]}
