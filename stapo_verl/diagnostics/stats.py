@@ -303,7 +303,7 @@ def _share(part: float, whole: float) -> float:
 
 
 def _low_probability(log_prob, entropy, advantages, response_mask, tau_p: float) -> dict:
-    """What does not depend on the keep mask, for :func:`local_partials` and :meth:`MaskStatisticsObserver.share`:
+    """What does not depend on the keep mask, for :func:`local_partials`:
     the valid tokens with p < τ_p (``low``: their indices; ``lp``/``ent``: their log p and H in fp32; ``pos``/``neg``:
     finite with Â > 0 / Â < 0), the (1,) count of valid tokens with Â > 0, and the log10 p bin edges."""
     p_edges = log10_p_edges(tau_p)

@@ -89,10 +89,10 @@ def test_a_prompt_ten_times_too_long_stops_before_ray_naming_the_fixes(tmp_path,
 
 
 def test_a_value_out_of_range_is_one_line_with_the_default_and_the_fix(tmp_path, capsys, never_trains):
-    from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import TOKEN_MASK_KEYS
 
-    # a key the paper's mask reads, whose range refuses 0 (names from the one table, not typed here)
-    name = next(k for k in POLICY_TOKEN_MASK_REGISTRY["s2t"].config_keys if k in RANGES and not RANGES[k].test(0.0))
+    # a token-mask key whose range refuses 0 (names from the one table, not typed here)
+    name = next(k for k in TOKEN_MASK_KEYS if not RANGES[k].test(0.0))
     files = _parquet(tmp_path / "train.parquet"), _parquet(tmp_path / "val.parquet")
     assert _main(tmp_path, _overrides(*files, f"{KEY}.{name}=0")) == EXIT_CONFIG
     line = _one_error(capsys)
