@@ -27,7 +27,10 @@ In one process, so verl and the plugin are imported once:
    stopped_message`); no traceback. The signal reaches Ray's own processes as well, and the launcher's Ray client
    may end on their going before it gets there; then the recipe runs ``--after-stop SIGNAL``, which does the same
    from the composed config.
-6. Ray is shut down when main_ppo returns, fails or is stopped, and the ``/dev/shm`` entries the job's killed
+6. When Ray's local node does not come up in time (:func:`ray_start_timed_out`: on a loaded machine the raylet can
+   take longer than the fixed 30 s Ray gives it to register), nothing has been trained: the processes that attempt
+   started are ended and main_ppo is started again, :data:`RAY_START_ATTEMPTS` times in all, with one line each.
+7. Ray is shut down when main_ppo returns, fails or is stopped, and the ``/dev/shm`` entries the job's killed
    processes left behind are removed (:mod:`stapo_verl.launch.shm`).
 
 Before step 1, :func:`checked_config` stops with one line naming the fix, and exit status
@@ -69,6 +72,15 @@ EXIT_COMPLETE = 3
 #: (e.g. a recipe's own main_ppo, or a recorder in tests)
 DEFAULT_ENTRY = "verl.trainer.main_ppo:main"
 ENTRY_ENV = "STAPO_MAIN_PPO"
+
+
+#: what Ray 2.x raises (a plain ``Exception``) when the raylet it started has not registered with the GCS within the
+#: fixed 30 s of ``ray._private.node.Node.__init__`` (``raylet_start_wait_time_s = 30``, not configurable in Ray
+#: 2.60): on 2 loaded cores it took longer. Upstream: https://github.com/ray-project/ray (the constant is local to
+#: ``Node.__init__``); a Ray that makes it configurable lets the launcher set it instead of starting again.
+RAY_START_TIMEOUT = "The current node timed out during startup"
+#: main_ppo starts in all, when Ray's local node timed out during startup
+RAY_START_ATTEMPTS = 3
 
 
 #: the run's metrics (verl's `file` logger target in the recipes)
@@ -211,6 +223,72 @@ def stop_on_signals():
             signal.signal(sig, handler)
 
 
+def ray_start_timed_out(exc: BaseException) -> bool:
+    """True when ``exc`` is, or was raised while handling, Ray's local-node startup timeout (:data:`RAY_START_TIMEOUT`)
+    and Ray is not initialized: main_ppo failed before anything was trained.
+
+    ``@hydra.main`` turns a failed task into ``SystemExit(1)`` raised inside its ``except`` block
+    (``hydra._internal.utils.run_and_report``), so the exception is the exit's ``__context__``; the chain is followed
+    through ``__cause__`` and ``__context__``. Raises nothing.
+    """
+    import ray
+
+    seen, chain = set(), [exc]
+    while chain:
+        e = chain.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if type(e) is Exception and str(e).startswith(RAY_START_TIMEOUT):
+            return not ray.is_initialized()
+        chain += [e.__cause__, e.__context__]
+    return False
+
+
+def end_attempt_processes() -> list[int]:
+    """Terminate this process's child processes (what a failed Ray start left: its GCS server and raylet, which no
+    ``ray.shutdown`` reaches because ``ray.init`` never returned), then kill those still running after 10 s.
+    Returns their pids. Raises nothing."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=10)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(alive, timeout=10)
+    return [c.pid for c in children]
+
+
+def run_main_ppo(entry, save_dir: str, command: str, started: float) -> int:
+    """Call ``entry`` (main_ppo's Hydra main) with SIGINT/SIGTERM as stops, starting it again after a Ray startup
+    timeout (:func:`ray_start_timed_out`, :data:`RAY_START_ATTEMPTS` starts in all). Returns the exit status (0, or
+    128 + the signal's number); re-raises main_ppo's other failures after :func:`end_ray`."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            with stop_on_signals():
+                entry()  # @hydra.main parses sys.argv, exits non-zero on error
+            return 0
+        except StopRequested as stop:
+            return shut_down_after_stop(stop, save_dir, command, started)
+        except BaseException as exc:
+            timed_out = ray_start_timed_out(exc)
+            ended = end_attempt_processes() if timed_out else []
+            if attempt == RAY_START_ATTEMPTS or not timed_out:
+                end_ray(started, "after main_ppo failed")
+                raise
+        GlobalHydra.instance().clear()  # the failed start left Hydra initialized in this process
+        print(f"{PREFIX} Ray's local node did not register within Ray's fixed 30 s (a loaded machine); nothing was "
+              f"trained: ended the {len(ended)} process(es) it started, starting again ({attempt + 1} of "
+              f"{RAY_START_ATTEMPTS})", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 def end_ray(started: float | None, why: str) -> None:
     """End Ray (this process started the local cluster, or is a client of one), then remove the ``/dev/shm`` entries
     the job's killed processes left (:func:`stapo_verl.launch.shm.remove_orphans`, entries created since ``started``,
@@ -290,17 +368,12 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
     sys.argv = ["verl.trainer.main_ppo", *a.overrides]
     module, _, function = os.environ.get(ENTRY_ENV, DEFAULT_ENTRY).partition(":")
     try:
-        with stop_on_signals():
-            getattr(importlib.import_module(module), function)()  # @hydra.main parses sys.argv, exits non-zero on error
-    except StopRequested as stop:
-        return shut_down_after_stop(stop, state.save_dir, a.command, started)
-    except BaseException:
-        end_ray(started, "after main_ppo failed")
-        raise
+        rc = run_main_ppo(getattr(importlib.import_module(module), function), state.save_dir, a.command, started)
     finally:
         finish_metrics(a.run_dir)
-    end_ray(started, "after training")
-    return 0
+    if rc == 0:
+        end_ray(started, "after training")
+    return rc
 
 
 if __name__ == "__main__":
