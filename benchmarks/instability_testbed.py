@@ -85,6 +85,13 @@ GRAD_FACTOR, GRAD_WINDOW = 5.0, 10
 TEST_FREQ = 10
 #: seeds per candidate in the search
 SEARCH_SEEDS = 2
+#: the plugin's collapse z-scores (``actor/stapo/collapse/*``); a console warning fires at |z| > the threshold
+#: (``policy_loss.collapse_z_threshold``, default 4)
+COLLAPSE_Z_KEYS = ("actor/stapo/collapse/entropy_z", "actor/stapo/collapse/grad_norm_z",
+                   "actor/stapo/collapse/lm_head_grad_norm_z")
+COLLAPSE_Z_THRESHOLD = 4.0
+#: the silenced share of the policy gradient per step (S2T-family masks; ``docs/diagnostics.md``)
+GRAD_SHARE_KEY = "actor/stapo/silenced_grad_share"
 #: a qualifying candidate's confirmation: this many vanilla seeds, of which at least CONFIRM_FAILS must fail
 CONFIRM_SEEDS, CONFIRM_FAILS = 5, 3
 
@@ -187,7 +194,7 @@ CANDIDATES = (
 TESTBED_ARMS = {
     "vanilla": pc.ARMS["vanilla"],
     "stapo": pc.ARMS["stapo"],
-    "stapo_paper_tau": pc.Arm("stapo_paper_tau", "stapo", overrides=(f"{A}.actor.policy_loss.tau_p=0.002",),
+    "stapo_paper_tau": pc.Arm("stapo_paper_tau", "stapo", overrides=(f"{A}.actor.policy_loss.s2t_tau_p=0.002",),
                               about="vanilla + S2T at the paper's τ_p 0.002 (q 0.75)"),
     "s2t_random": pc.Arm("s2t_random", "stapo_random", about="ablation: as many candidates silenced, at random"),
     "s2t_high_entropy": pc.Arm("s2t_high_entropy", "stapo_high_entropy",
@@ -242,6 +249,29 @@ def compare_table(rows: dict[str, dict[int, dict]], arms: list[str], seeds: list
                      f"{mean_interval(last).format(3).lstrip('+')} | "
                      + ("—" if arm == "vanilla" else diff.format(3)) + " | "
                      f"{mean_interval([got[s]['acc_best'] for s in done]).format(3).lstrip('+')} |")
+    return "\n".join(lines)
+
+
+def secondary_table(rows: dict[str, dict[int, dict]], arms: list[str], seeds: list[int]) -> str:
+    """Markdown of the comparison's secondary measures per arm (``rows[arm][seed]``: :func:`run_row`): LM-head
+    gradient norm peak over median (mean over seeds), collapse warnings fired (runs with one / runs), failed runs
+    warned before their onset with the median lead in steps, and the mean silenced gradient share."""
+    lines = ["| arm | LM-head grad norm, peak / median (mean) | runs with a collapse warning | failed runs warned "
+             "before the onset (median lead, steps) | silenced gradient share (mean over steps and seeds) |",
+             "|---|---|---|---|---|"]
+    for arm in arms:
+        done = [rows[arm][s] for s in seeds if s in rows.get(arm, {})]
+        if not done:
+            continue
+        failed = [r for r in done if r["failed"]]
+        leads = [r["lead"] for r in failed if r["lead"] is not None]
+        shares = [r["grad_share_mean"] for r in done if r["grad_share_mean"] is not None]
+        peak = [r["lm_peak_over_median"] for r in done if not math.isnan(r["lm_peak_over_median"])]
+        peak_cell = f"{statistics.fmean(peak):.2f}" if peak else "—"
+        lines.append(f"| {arm} | {peak_cell} | {sum(bool(r['warnings']) for r in done)} of "
+                     f"{len(done)} | {len(leads)} of {len(failed)}"
+                     + (f" ({statistics.median(leads):g})" if leads else "") + " | "
+                     + (f"{statistics.fmean(shares):.4f}" if shares else "—") + " |")
     return "\n".join(lines)
 
 
@@ -319,9 +349,21 @@ def confirm_verdict(rows: list[dict]) -> str:
     return "not a testbed" if failed + (CONFIRM_SEEDS - len(rows)) < CONFIRM_FAILS else "open"
 
 
+def warning_steps(metrics: dict[int, dict], threshold: float = COLLAPSE_Z_THRESHOLD) -> list[int]:
+    """The steps at which the plugin's collapse early-warning fired: any of :data:`COLLAPSE_Z_KEYS` with
+    |z| > ``threshold`` (the warning's own test, ``stapo_verl.diagnostics.collapse``). Raises nothing."""
+    return sorted(s for s, m in metrics.items()
+                  if any(key in m and abs(float(m[key])) > threshold for key in COLLAPSE_Z_KEYS))
+
+
 def run_row(cand: Candidate, seed: int, metrics: dict[int, dict]) -> dict:
-    """One line of the search table from a run's metrics."""
+    """One line of the search table from a run's metrics, with the comparison's secondary measures: the collapse
+    warnings' steps (:func:`warning_steps`), the lead of the first one before the onset (None without a failure
+    or without a warning before it), and the mean silenced gradient share (None for a run that does not log it)."""
     v = instability(metrics)
+    warns = warning_steps(metrics)
+    before = [s for s in warns if v.onset is not None and s < v.onset]
+    share = [float(m[GRAD_SHARE_KEY]) for m in metrics.values() if GRAD_SHARE_KEY in m]
     val = {s: float(m[VAL_KEY]) for s, m in metrics.items() if VAL_KEY in m}
     ent = {s: float(m[ENTROPY_KEY]) for s, m in metrics.items() if ENTROPY_KEY in m}
     lm = [float(m[LM_HEAD_KEY]) for _, m in sorted(metrics.items()) if LM_HEAD_KEY in m]
@@ -331,7 +373,9 @@ def run_row(cand: Candidate, seed: int, metrics: dict[int, dict]) -> dict:
             "acc_best": max(val.values(), default=nan), "acc_last": val[max(val)] if val else nan,
             "ent_min": min(ent.values(), default=nan), "ent_last": ent[max(ent)] if ent else nan,
             "lm_peak_over_median": max(lm) / statistics.median(lm) if lm else nan,
-            "val": val, "entropy": ent}
+            "val": val, "entropy": ent, "warnings": warns, "warnings_before_onset": len(before),
+            "lead": v.onset - before[0] if before else None,
+            "grad_share_mean": statistics.fmean(share) if share else None}
 
 
 def compare(a, known: list[str]) -> int:
@@ -362,7 +406,8 @@ def compare(a, known: list[str]) -> int:
         if pc.run_done(run_dir, cand.steps):
             rows.setdefault(arm, {})[s] = run_row(cand, s, pc.read_metrics(run_dir / "metrics.jsonl"))
     text = "\n".join([f"# Comparison in {cand.name} ({cand.about}, {cand.steps} steps), seeds 1-{a.seeds}", "",
-                      compare_table(rows, arms, seeds), "",
+                      compare_table(rows, arms, seeds), "", "Secondary measures:", "",
+                      secondary_table(rows, arms, seeds), "",
                       "Arms: " + "; ".join(f"`{x}` = {TESTBED_ARMS[x].about}" for x in arms) + ".", "",
                       f"Figures: `compare_{cand.name}_val_accuracy.png`, `compare_{cand.name}_entropy.png`.", "",
                       f"Command: `python benchmarks/instability_testbed.py {shlex.join(sys.argv[1:])}`"])

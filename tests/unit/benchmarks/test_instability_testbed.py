@@ -114,7 +114,7 @@ def test_the_comparison_runs_vanilla_first_in_the_searchs_directories(tb, tmp_pa
                                               ("stapo_paper_tau", 2)]
     assert plan[0][2] == tb.search_plan(tmp_path, ["lr4e-4"], [1])[0][2]  # the search's run is reused
     argv = plan[2][4]
-    assert argv[3] == "stapo" and argv.index("actor_rollout_ref.actor.policy_loss.tau_p=0.002") < argv.index(
+    assert argv[3] == "stapo" and argv.index("actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.002") < argv.index(
         "actor_rollout_ref.actor.optim.lr=4e-4")
 
 
@@ -124,3 +124,23 @@ def test_the_comparison_figures_are_written_per_arm(tb, tmp_path):
     paths = tb.compare_figures(rows, ["vanilla", "stapo", "top_entropy"], tmp_path, "compare_x")
     assert [p.name for p in paths] == ["compare_x_val_accuracy.png", "compare_x_entropy.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_the_secondary_measures_count_warnings_before_the_onset_and_the_silenced_share(tb):
+    cand = next(c for c in tb.CANDIDATES if c.name == "lr4e-4")
+    z_lm, z_ent = tb.COLLAPSE_Z_KEYS[2], tb.COLLAPSE_Z_KEYS[0]
+    # accuracy collapse at 30 (two points 6 and 7 below the best); warnings at 22 (lm-head z 4.5) and 35 (entropy
+    # z -5); z = 4.0 exactly does not fire (the plugin warns at |z| > 4); the share is logged at 3 steps
+    metrics = _metrics(tb, val={0: 0.55, 10: 0.70, 20: 0.72, 30: 0.66, 40: 0.65})
+    for step, key, z in ((15, z_lm, 4.0), (22, z_lm, 4.5), (35, z_ent, -5.0)):
+        metrics.setdefault(step, {})[key] = z
+    for step, share in ((1, 0.1), (2, 0.2), (3, 0.6)):
+        metrics.setdefault(step, {})[tb.GRAD_SHARE_KEY] = share
+    row = tb.run_row(cand, 1, metrics)
+    assert (row["warnings"], row["warnings_before_onset"], row["lead"]) == ([22, 35], 1, 8)
+    assert row["grad_share_mean"] == pytest.approx(0.3)
+    quiet = tb.run_row(cand, 2, _metrics(tb, val={0: 0.55, 10: 0.70, 20: 0.74}))
+    assert (quiet["warnings"], quiet["lead"], quiet["grad_share_mean"]) == ([], None, None)
+    table = tb.secondary_table({"stapo": {1: row, 2: quiet}}, ["vanilla", "stapo"], [1, 2]).splitlines()
+    assert len(table) == 3  # vanilla has no runs: no line
+    assert table[2].split(" | ")[2:] == ["1 of 2", "1 of 1 (8)", "0.3000 |"]
