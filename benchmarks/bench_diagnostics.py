@@ -118,18 +118,18 @@ def main(argv=None):
         apply_policy_token_mask(cfg, td.clone(), None)
 
     def mask_and_stats():
-        observer = observer_class(*args[:4], tau_p=cfg.policy_loss.tau_p, vocab_size=VOCAB_SIZE)
+        observer = observer_class(*args[:4], tau_p=cfg.policy_loss.s2t_tau_p, vocab_size=VOCAB_SIZE)
         apply_policy_token_mask(cfg, td.clone(), None, observer=observer)
         state["observed"] = observer
 
     def mask_then_stats():
         masked = td.clone()
         apply_policy_token_mask(cfg, masked, None)
-        mask_statistics(*args[:4], masked[POLICY_LOSS_MASK_KEY].bool(), tau_p=cfg.policy_loss.tau_p,
+        mask_statistics(*args[:4], masked[POLICY_LOSS_MASK_KEY].bool(), tau_p=cfg.policy_loss.s2t_tau_p,
                         vocab_size=VOCAB_SIZE)
 
     def stats():
-        state["stats"] = mask_statistics(*args, tau_p=cfg.policy_loss.tau_p, vocab_size=VOCAB_SIZE)
+        state["stats"] = mask_statistics(*args, tau_p=cfg.policy_loss.s2t_tau_p, vocab_size=VOCAB_SIZE)
 
     def rows():
         state["rows"] = minibatch_token_rows(td, batch, keep, config=cfg, step=3, minibatch=0, dp_rank=0,
@@ -168,7 +168,7 @@ def main(argv=None):
             if rep:
                 times[name].append(clock() - t0)
     st = state["stats"]
-    partial = local_partials(*args, cfg.policy_loss.tau_p, vocab_size=VOCAB_SIZE)
+    partial = local_partials(*args, cfg.policy_loss.s2t_tau_p, vocab_size=VOCAB_SIZE)
     print(f"# one rank's share: {RANK_SEQS} x {RANK_SEQ_LEN} = {n_tokens} tokens on {a.device}; {st.n_candidates} "
           f"candidates ({st.n_candidates / n_tokens:.1e}), {int(metrics['actor/stapo/num_masked'])} silenced, "
           f"{len(state['rows'])} table rows; |V| = {VOCAB_SIZE}; median (IQR) of {a.repeats} interleaved repeats, "
@@ -179,7 +179,7 @@ def main(argv=None):
     else:
         observed = state["observed"]
         assert observed.statistics == st, "the statistics on the mask's exchange differ from mask_statistics"
-        share = observed.share(candidate_mask(*args[:4], cfg.policy_loss.tau_p)[0])  # what the mask sends along
+        share = observed.share(candidate_mask(*args[:4], cfg.policy_loss.s2t_tau_p)[0])  # what the mask sends along
         print(f"# per-mini-batch DP exchange: the statistics' share of the mask's one exchange "
               f"{len(pickle.dumps(share))} bytes per rank (identical statistics); mask_statistics on its own: a second "
               f"exchange of "

@@ -215,7 +215,7 @@ with initialize_config_dir(config_dir=os.path.abspath("verl/trainer/config"), ve
 policy_loss = omega_conf_to_dataclass(config.actor_rollout_ref.actor.policy_loss)
 assert policy_loss.token_mask == "s2t", policy_loss
 print(f"  ok: {len(sys.argv) - 1} overrides compose; loss_mode={policy_loss.loss_mode} token_mask={policy_loss.token_mask} "
-      f"tau_p={policy_loss.tau_p} entropy_quantile={policy_loss.entropy_quantile}")
+      f"tau_p={policy_loss.s2t_tau_p} entropy_quantile={policy_loss.s2t_entropy_quantile}")
 EOF
 
 check_tree verl-0.9.1 sdist

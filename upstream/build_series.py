@@ -53,7 +53,7 @@ AUTHOR = {"NAME": "stapo-verl contributors", "EMAIL": "stapo-verl@users.noreply.
 #: the pull requests in order: ``upstream/src/<key>.diff`` and ``upstream/src/<key>/``
 SERIES = ("license", "a", "b", "example")
 #: ``PolicyLossConfig`` fields the series adds -> the patch; the plugin's config class declares them identically
-SHARED_CONFIG = {"token_mask": "a", "tau_p": "b", "entropy_quantile": "b"}
+SHARED_CONFIG = {"token_mask": "a", "s2t_tau_p": "b", "s2t_entropy_quantile": "b"}
 PLUGIN_CONFIG = ("stapo_verl/integration/verl_0_9_1/policy_loss/config.py", "StapoPolicyLossConfig")
 #: words a copy must not contain (it would point at the plugin): shared code is written in verl's terms
 FORBIDDEN_IN_COPIES = ("stapo_verl", "plugin")

@@ -391,8 +391,8 @@ stapo_method_overrides() {
             STAPO_OVERRIDES+=("$pl.loss_mode=vanilla" "$pl.token_mask=${STAPO_METHOD_MASK[$method]}")
         fi
         STAPO_OVERRIDES+=(
-            "$pl.tau_p=$STAPO_TAU_P"
-            "$pl.entropy_quantile=$STAPO_Q"
+            "$pl.s2t_tau_p=$STAPO_TAU_P"
+            "$pl.s2t_entropy_quantile=$STAPO_Q"
             "$pl.stats_source=$STAPO_STATS_SOURCE"
         )
         ;;

@@ -1,7 +1,7 @@
 """The allowed values of the policy-loss config keys and the config's cross-key rules: one definition each.
 
 :class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig` applies them when the config is
-built: the token-mask keys (``tau_p``, ``entropy_quantile``, ``top_entropy_ratio``) whenever a token mask is
+built: the token-mask keys (``s2t_tau_p``, ``s2t_entropy_quantile``, ``top_entropy_ratio``) whenever a token mask is
 selected, the diagnostics keys always.
 A public library function that takes one of these values (τ_p for the log10 p histogram, q for the quadrants, ρ of
 the 20-Entropy mask, the collapse window) calls the same check here instead of keeping bounds of its own, so it
@@ -50,8 +50,8 @@ class Range:
 
 #: ``actor_rollout_ref.actor.policy_loss.<key>`` → its allowed values (the type is the config field's)
 RANGES = types.MappingProxyType({
-    "tau_p": Range(lambda v: 0.0 < v < 1.0, "0 < tau_p < 1"),
-    "entropy_quantile": Range(lambda v: 0.0 < v <= 1.0, "0 < entropy_quantile <= 1"),
+    "s2t_tau_p": Range(lambda v: 0.0 < v < 1.0, "0 < s2t_tau_p < 1"),
+    "s2t_entropy_quantile": Range(lambda v: 0.0 < v <= 1.0, "0 < s2t_entropy_quantile <= 1"),
     "top_entropy_ratio": Range(lambda v: 0.0 < v <= 1.0, "0 < top_entropy_ratio <= 1"),
     "dump_max_rows_per_step": Range(lambda v: v >= 1, ">= 1"),
     "dump_every": Range(lambda v: v is None or v >= 0,

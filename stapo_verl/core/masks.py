@@ -53,7 +53,7 @@ def compute_s2t_token_mask(batch, config, dp_group=None):
     Args:
         batch: ``old_log_probs``, ``entropy``, ``advantages`` (bs, T) float and ``response_mask`` (bs, T), padded,
             on the device of ``dp_group``'s collectives.
-        config: actor config; reads ``policy_loss.tau_p`` and ``policy_loss.entropy_quantile``.
+        config: actor config; reads ``policy_loss.s2t_tau_p`` and ``policy_loss.s2t_entropy_quantile``.
         dp_group: the data-parallel group holding the mini-batch (the candidate population is gathered over it).
 
     Returns:
@@ -66,8 +66,8 @@ def compute_s2t_token_mask(batch, config, dp_group=None):
         batch["entropy"],
         batch["advantages"],
         batch["response_mask"],
-        tau_p=config.policy_loss.tau_p,
-        q=config.policy_loss.entropy_quantile,
+        tau_p=config.policy_loss.s2t_tau_p,
+        q=config.policy_loss.s2t_entropy_quantile,
         group=dp_group,
     )
 
@@ -75,14 +75,14 @@ def compute_s2t_token_mask(batch, config, dp_group=None):
 def _s2t_ablation(batch, config, dp_group, select):
     pl = config.policy_loss
     return s2t_ablation_keep_mask(batch["old_log_probs"], batch["entropy"], batch["advantages"],
-                                  batch["response_mask"], tau_p=pl.tau_p, select=select, group=dp_group)
+                                  batch["response_mask"], tau_p=pl.s2t_tau_p, select=select, group=dp_group)
 
 
 @register_policy_token_mask("s2t_high_entropy", required_fields=S2T_FIELDS)
 def compute_s2t_high_entropy_token_mask(batch, config, dp_group=None):
     """Ablation: silence the high-entropy candidates (H > Quantile_{1−q}(P)); arguments and shapes as
     :func:`compute_s2t_token_mask`."""
-    return _s2t_ablation(batch, config, dp_group, high_entropy_selection(config.policy_loss.entropy_quantile))
+    return _s2t_ablation(batch, config, dp_group, high_entropy_selection(config.policy_loss.s2t_entropy_quantile))
 
 
 @register_policy_token_mask("s2t_full", required_fields=S2T_FIELDS)
@@ -122,7 +122,7 @@ def compute_s2t_random_token_mask(batch, config, dp_group=None):
     """
     pl = config.policy_loss
     seed = mask_seed(pl.random_mask_seed, global_step_of(batch["global_steps"]), int(batch["mini_batch_index"]))
-    return _s2t_ablation(batch, config, dp_group, random_selection(pl.entropy_quantile, seed))
+    return _s2t_ablation(batch, config, dp_group, random_selection(pl.s2t_entropy_quantile, seed))
 
 
 @register_policy_token_mask("top_entropy", required_fields=("entropy", "response_mask"))

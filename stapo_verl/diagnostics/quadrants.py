@@ -121,7 +121,7 @@ def quadrant_masks(log_prob: torch.Tensor, entropy: torch.Tensor, advantages: to
         advantages: (bs, T) float, Â.
         response_mask: (bs, T) bool or int.
         tau_p: τ_p in (0, 1) (p < τ_p is low).
-        q: the entropy quantile (``policy_loss.entropy_quantile``, 0 < q <= 1); τ_h = Quantile_q(H over P).
+        q: the entropy quantile (``policy_loss.s2t_entropy_quantile``, 0 < q <= 1); τ_h = Quantile_q(H over P).
 
     Returns:
         ``(masks, tau_h)``: ``masks`` maps each key of :data:`QUADRANTS` to a (bs, T) bool tensor; τ_h is None
@@ -132,8 +132,8 @@ def quadrant_masks(log_prob: torch.Tensor, entropy: torch.Tensor, advantages: to
         stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): ``tau_p`` or ``q`` is outside the config's
             range of ``tau_p`` / ``entropy_quantile``.
     """
-    check_range("tau_p", tau_p)
-    check_range("entropy_quantile", q)
+    check_range("s2t_tau_p", tau_p)
+    check_range("s2t_entropy_quantile", q)
     cand, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
     ent = entropy.detach().float()
     valid = response_mask.bool() & ~nonfinite

@@ -81,9 +81,9 @@ def log10_p_edges(tau_p: float) -> tuple[float, ...]:
 
     Raises:
         stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): τ_p is outside the config's range of
-            ``policy_loss.tau_p`` (0 < τ_p < 1).
+            ``policy_loss.s2t_tau_p`` (0 < τ_p < 1).
     """
-    hi = math.log10(check_range("tau_p", tau_p))
+    hi = math.log10(check_range("s2t_tau_p", tau_p))
     lo = min(LOG10_P_LOW, hi - LOG10_P_MIN_DECADES)
     return tuple(lo + (hi - lo) * i / LOG10_P_BINS for i in range(LOG10_P_BINS + 1))
 
@@ -357,7 +357,7 @@ def local_partials(
         log_prob, entropy, advantages: (bs, T) float, the statistics the mask read (response layout, padded;
             responses start at position 0, as in verl's response layout).
         response_mask: (bs, T) bool or int. keep: (bs, T) bool, the mask's keep decision.
-        tau_p: τ_p, ``policy_loss.tau_p``.
+        tau_p: τ_p, ``policy_loss.s2t_tau_p``.
         vocab_size: |V| of the model's logits, for the upper gradient-norm bound; None: lower bound only.
         loss_agg_mode, rollout_is_weights: the PG weights (:func:`policy_gradient_weight`).
 

@@ -59,7 +59,7 @@ SUMMARY_KEYS = tuple(prefix + key for prefix, keys in (
     (_A, "actor.use_dynamic_bsz actor.ppo_max_token_len_per_gpu rollout.log_prob_max_token_len_per_gpu"),
     (_A + "actor.optim.", "lr lr_warmup_steps lr_decay_style weight_decay clip_grad"),
     (_A + "actor.", "clip_ratio_low clip_ratio_high clip_ratio_c loss_agg_mode"),
-    (_PL, "loss_mode token_mask _target_ tau_p entropy_quantile stats_source top_entropy_ratio"),
+    (_PL, "loss_mode token_mask _target_ s2t_tau_p s2t_entropy_quantile stats_source top_entropy_ratio"),
     (_A + "actor.", "calculate_entropy entropy_coeff use_kl_loss kl_loss_type kl_loss_coef"),
     ("algorithm.", "adv_estimator use_kl_in_reward"),
     (_A + "rollout.", "temperature top_p val_kwargs.do_sample val_kwargs.n val_kwargs.temperature val_kwargs.top_p "

@@ -313,12 +313,12 @@ def minibatch_token_rows(data, batch: dict, keep: torch.Tensor, *, config, step:
     valid = batch["response_mask"].bool()
     lp, ent, adv = batch["old_log_probs"], batch["entropy"], batch["advantages"]
     keep = keep.bool().to(valid.device)
-    cand, _ = candidate_mask(lp, ent, adv, valid, pl.tau_p)
+    cand, _ = candidate_mask(lp, ent, adv, valid, pl.s2t_tau_p)
     generator = torch.Generator().manual_seed((int(step) * 1_000_003 + int(minibatch)) * 4099 + int(dp_rank))
     sil_idx, kept_idx = select_rows(cand & ~keep, cand & keep, budget, generator)
     if sil_idx.numel() == 0 and kept_idx.numel() == 0:
         return []
-    ctx = DumpContext(step=step, minibatch=minibatch, dp_rank=dp_rank, tau_h=tau_h, tau_p=pl.tau_p,
+    ctx = DumpContext(step=step, minibatch=minibatch, dp_rank=dp_rank, tau_h=tau_h, tau_p=pl.s2t_tau_p,
                       loss_mode=pl.loss_mode, stats_source=pl.stats_source)
     return build_rows(ctx, tokenizer, response_id_getter(data, valid), lp.float(), ent.float(), adv.float(),
                       sil_idx, kept_idx)

@@ -17,7 +17,7 @@ from support.runs import check_mask_and_denominator, failure_text, metrics_by_st
 PL = "actor_rollout_ref.actor.policy_loss"
 #: τ_p this high makes most tokens of positive-advantage responses S2T candidates, so every step silences some
 #: (the recipe's 0.1 may leave fewer than two candidates, and a lone candidate is never silenced)
-MASK = ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo", f"++{PL}.token_mask=s2t", f"++{PL}.tau_p=0.9"]
+MASK = ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo", f"++{PL}.token_mask=s2t", f"++{PL}.s2t_tau_p=0.9"]
 
 
 def test_tiny_grpo_with_cispo_and_s2t_two_steps_with_reference_model(tmp_path):

@@ -51,7 +51,7 @@ PL = "actor_rollout_ref.actor.policy_loss"
 #: conditioned on the metrics, since the trajectory differs by CPU type); a 2-step collapse
 #: warm-up gives z-scores at steps 3 and 4, which a resume reproduces only with the restored windows; a token table
 #: every step
-COMMAND = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=4", f"{PL}.tau_p=0.9",
+COMMAND = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=4", f"{PL}.s2t_tau_p=0.9",
            f"{PL}.collapse_warmup_steps=2", f"{PL}.collapse_z_threshold=0.001", f"{PL}.dump_every=1"]
 #: every tracker; the test session sets WANDB_MODE=disabled (tests/conftest.py), the recipe keeps a WANDB_MODE it is
 #: given

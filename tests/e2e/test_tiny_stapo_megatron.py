@@ -31,7 +31,7 @@ from support.runs import (
 from support.trackers import check_tensorboard, event_accumulator
 
 #: S2T in front of GSPO; τ_p this high gives every step many candidates at this scale
-GSPO = ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.policy_loss.tau_p=0.9"]
+GSPO = ["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.9"]
 #: a token table every step (the default is one at each validation)
 TABLES = ["actor_rollout_ref.actor.policy_loss.dump_every=1"]
 #: the image's stack; the recipe picks (and creates) .venv-bridge

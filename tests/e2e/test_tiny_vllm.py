@@ -31,7 +31,7 @@ from stapo_verl.launch import shm
 
 PL = "actor_rollout_ref.actor.policy_loss"
 #: τ_p = 0.9: many positive-advantage tokens are S2T candidates, so the mask's statistics are not all zero
-COMMAND = [*SMALL, "trainer.save_freq=2", "trainer.test_freq=-1", f"{PL}.tau_p=0.9"]
+COMMAND = [*SMALL, "trainer.save_freq=2", "trainer.test_freq=-1", f"{PL}.s2t_tau_p=0.9"]
 ENV = {"ROLLOUT": "vllm", "STAPO_VENV": ""}  # the recipe picks (and creates) .venv-vllm itself
 #: the largest |p_rollout - p_actor| over a step's tokens: synced, fp32 on both sides, it was <= 5e-6 at every step;
 #: with the weight sync skipped after step 1 it was 0.54 at step 2 and 0.68 at step 3 (docs/results.md)

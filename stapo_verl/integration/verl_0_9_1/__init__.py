@@ -308,7 +308,7 @@ PATCHES: tuple[Patch, ...] = (
         why="on the driver, before verl builds any config object: point policy_loss._target_ at the plugin's "
         "config class when loss_mode=stapo or a token_mask is set, then check the keys the mask depends on",
         upstream="PR A adds PolicyLossConfig.token_mask (declared in actor.yaml, validated in __post_init__), so "
-        "no _target_ is needed; PR B adds tau_p/entropy_quantile, validated inline in __post_init__ when a "
+        "no _target_ is needed; PR B adds s2t_tau_p/s2t_entropy_quantile, validated inline in __post_init__ when a "
         "token_mask is set, as dro_beta is. The other "
         "checks have no upstream counterpart: there a batch without the declared fields raises a KeyError naming "
         "them, and distillation works because distillation_ppo_loss calls the masked ppo_loss",

@@ -228,7 +228,7 @@ def minibatch_statistics(config, padded: dict, vocab_size: int | None, dp_group)
     the actor's ``loss_agg_mode`` and rollout-correction weights, |V| is the model's (:func:`vocab_size_of`). One
     ``all_gather_object`` over ``dp_group``, on every rank of it."""
     return mask_statistics(padded["old_log_probs"], padded["entropy"], padded["advantages"], padded["response_mask"],
-                           padded[POLICY_LOSS_MASK_KEY], tau_p=config.policy_loss.tau_p, group=dp_group,
+                           padded[POLICY_LOSS_MASK_KEY], tau_p=config.policy_loss.s2t_tau_p, group=dp_group,
                            vocab_size=vocab_size, loss_agg_mode=config.loss_agg_mode,
                            rollout_is_weights=padded.get("rollout_is_weights"))
 

@@ -97,7 +97,7 @@ def main(out_path, port):
         t["advantages"] = response_to_nested(adv, t["response_mask"])
         ref = response_from_nested(old_lp, t["response_mask"]).to_padded_tensor(0.0)
         t["ref_log_prob"] = response_to_nested(ref + 0.05 * torch.arange(R)[None, :], t["response_mask"])
-        c = actor_config("cispo", token_mask, tau_p=0.03, use_kl_loss=True, entropy_coeff=0.01)
+        c = actor_config("cispo", token_mask, s2t_tau_p=0.03, use_kl_loss=True, entropy_coeff=0.01)
         mask_metrics = core_losses.apply_policy_token_mask(c, t, engine.get_data_parallel_group()) if token_mask else {}
         with engine.eval_mode():
             out = engine.infer_batch(t, loss_function=functools.partial(core_losses.ppo_loss, config=c))
@@ -113,7 +113,7 @@ def main(out_path, port):
     tu.assign_non_tensor(td, calculate_entropy=False)
     td["old_log_probs"], td["entropy"] = old_lp, ent
     td["advantages"] = response_to_nested(adv, td["response_mask"])
-    cfg = actor_config("stapo", tau_p=0.03)  # random tiny model: p ≈ 1/64 ⇒ candidates exist
+    cfg = actor_config("stapo", s2t_tau_p=0.03)  # random tiny model: p ≈ 1/64 ⇒ candidates exist
     pg_bnt.clear()  # the probes above ran the masked loss too
     before = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
     n_valid = int(td["loss_mask"].values().sum())

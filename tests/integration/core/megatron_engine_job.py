@@ -122,7 +122,7 @@ def export_grads(engine, grads):
 
 def route_config(loss_mode, token_mask):
     """The actor config of a route; τ_p = 0.03 because on the random tiny model p ≈ 1/64, so candidates exist."""
-    return actor_config(loss_mode, token_mask, tau_p=0.03)
+    return actor_config(loss_mode, token_mask, s2t_tau_p=0.03)
 
 
 def run_train_batch(engine, td, cfg):

@@ -37,7 +37,7 @@ OURS = "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConf
 SMALL = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1"]
 # The paper's values (STAPO §3, §5) and the documented defaults of the other keys, written out by hand.
-PAPER_DEFAULTS = {"tau_p": 0.002, "entropy_quantile": 0.75, "stats_source": "old_policy", "top_entropy_ratio": 0.2,
+PAPER_DEFAULTS = {"s2t_tau_p": 0.002, "s2t_entropy_quantile": 0.75, "stats_source": "old_policy", "top_entropy_ratio": 0.2,
                   "random_mask_seed": 0}
 
 
@@ -84,7 +84,7 @@ def test_token_mask_on_megatron():
     _validate(cfg)
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
     assert type(actor) is McoreActorConfig and type(actor.policy_loss) is StapoPolicyLossConfig
-    assert actor.policy_loss.token_mask == "s2t_full" and actor.policy_loss.tau_p == 0.002
+    assert actor.policy_loss.token_mask == "s2t_full" and actor.policy_loss.s2t_tau_p == 0.002
 
 
 @pytest.mark.parametrize("old,new", [("stapo_high_entropy", "s2t_high_entropy"), ("stapo_random", "s2t_random"),
@@ -104,11 +104,11 @@ def test_other_loss_modes_are_untouched():
 
 
 def test_explicit_stapo_target_and_plus_keys_still_work():
-    cfg = _compose(f"{PL}._target_={OURS}", f"+{PL}.token_mask=s2t_random", f"+{PL}.tau_p=0.05")
+    cfg = _compose(f"{PL}._target_={OURS}", f"+{PL}.token_mask=s2t_random", f"+{PL}.s2t_tau_p=0.05")
     assert fill_policy_loss_target(cfg) is False
     _validate(cfg)
     pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
-    assert (type(pl), pl.token_mask, pl.tau_p) == (StapoPolicyLossConfig, "s2t_random", 0.05)
+    assert (type(pl), pl.token_mask, pl.s2t_tau_p) == (StapoPolicyLossConfig, "s2t_random", 0.05)
 
 
 @pytest.mark.parametrize("target_override", [f"{PL}._target_=verl.workers.config.actor.PolicyLossConfig",
@@ -176,11 +176,11 @@ def test_option_is_verls_actor_plus_declared_stapo_keys(engine):
 
 
 def test_option_keys_override_without_plus_and_s2t_goes_in_front_of_another_loss():
-    cfg = _compose("actor@actor_rollout_ref.actor=stapo_dp_actor", f"{PL}.tau_p=0.01",
-                   f"{PL}.entropy_quantile=0.5", f"{PL}.loss_mode=cispo")
+    cfg = _compose("actor@actor_rollout_ref.actor=stapo_dp_actor", f"{PL}.s2t_tau_p=0.01",
+                   f"{PL}.s2t_entropy_quantile=0.5", f"{PL}.loss_mode=cispo")
     _validate(cfg)
     pl = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor).policy_loss
-    assert (type(pl), pl.loss_mode, pl.token_mask, pl.tau_p, pl.entropy_quantile) == (
+    assert (type(pl), pl.loss_mode, pl.token_mask, pl.s2t_tau_p, pl.s2t_entropy_quantile) == (
         StapoPolicyLossConfig, "cispo", "s2t", 0.01, 0.5)
 
 
@@ -197,10 +197,18 @@ def test_option_keys_are_strict():
     with pytest.raises(ConfigCompositionException, match="tau_pp"):
         _compose("actor@actor_rollout_ref.actor=stapo_dp_actor", f"{PL}.tau_pp=0.01")
     with pytest.raises(ConfigCompositionException, match="tau_p"):  # without the option the key is undeclared
-        _compose(f"{PL}.tau_p=0.01")
+        _compose(f"{PL}.s2t_tau_p=0.01")
     with pytest.raises(InstantiationException, match=r"tau_p=1\.5 is out of range"):  # hydra wraps the error
         omega_conf_to_dataclass(_compose("actor@actor_rollout_ref.actor=stapo_dp_actor",
-                                         f"{PL}.tau_p=1.5").actor_rollout_ref.actor)
+                                         f"{PL}.s2t_tau_p=1.5").actor_rollout_ref.actor)
+
+
+@pytest.mark.parametrize("old,new", [("tau_p", "s2t_tau_p"), ("entropy_quantile", "s2t_entropy_quantile")])
+def test_an_old_key_name_fails_on_the_driver_naming_the_new_one(old, new):
+    # still declared by the option, so the override composes and the driver's check (before Ray) names the new key
+    cfg = _compose("actor@actor_rollout_ref.actor=stapo_dp_actor", f"{PL}.{old}=0.01")
+    with pytest.raises(StapoConfigError, match=rf"{PL}\.{old}=0\.01: the key was renamed to {PL}\.{new}\b"):
+        _validate(cfg)
 
 
 def test_keys_are_derived_from_the_dataclass(monkeypatch):
@@ -220,13 +228,13 @@ def test_main_ppo_cfg_job_in_a_fresh_process():
     # verl's own entry point (runpy, with the plugin's post-import hook on verl.trainer.main_ppo installed):
     # the option is registered by `import verl` before @hydra.main composes.
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "--cfg", "job", "--package", PL,
-           "actor@actor_rollout_ref.actor=stapo_${model_engine}_actor", f"{PL}.tau_p=0.01",
+           "actor@actor_rollout_ref.actor=stapo_${model_engine}_actor", f"{PL}.s2t_tau_p=0.01",
            f"{PL}.token_mask=s2t_random"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=dict(os.environ))
     assert out.returncode == 0, out.stderr[-3000:]
     pl = yaml.safe_load(out.stdout[out.stdout.index("# @package"):])
-    assert pl["_target_"] == OURS and pl["token_mask"] == "s2t_random" and pl["tau_p"] == 0.01
-    assert set(_declared()) <= set(pl) and pl["entropy_quantile"] == 0.75
+    assert pl["_target_"] == OURS and pl["token_mask"] == "s2t_random" and pl["s2t_tau_p"] == 0.01
+    assert set(_declared()) <= set(pl) and pl["s2t_entropy_quantile"] == 0.75
 
 
 def test_main_ppo_module_run_fills_before_the_stapo_checks():

@@ -22,8 +22,8 @@ OURS = "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConf
 STAPO_OVERRIDES = [
     f"actor_rollout_ref.actor.policy_loss._target_={OURS}",
     "actor_rollout_ref.actor.policy_loss.loss_mode=stapo",
-    "+actor_rollout_ref.actor.policy_loss.tau_p=0.002",
-    "+actor_rollout_ref.actor.policy_loss.entropy_quantile=0.75",
+    "+actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.002",
+    "+actor_rollout_ref.actor.policy_loss.s2t_entropy_quantile=0.75",
 ]
 
 
@@ -162,7 +162,7 @@ def _probe_runner(out_path):
                 "pid": _os.getpid(), "target": config.actor_rollout_ref.actor.policy_loss._target_,
                 "type": f"{type(pl).__module__}.{type(pl).__qualname__}", "loss_mode": pl.loss_mode,
                 "token_mask": getattr(pl, "token_mask", None),
-                "tau_p": getattr(pl, "tau_p", None), "entropy_quantile": getattr(pl, "entropy_quantile", None)}))
+                "tau_p": getattr(pl, "s2t_tau_p", None), "entropy_quantile": getattr(pl, "s2t_entropy_quantile", None)}))
 
     return ray.remote(num_cpus=0)(ProbeRunner)
 

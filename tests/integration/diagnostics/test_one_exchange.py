@@ -131,7 +131,7 @@ def test_the_statistics_on_the_exchange_are_those_of_the_whole_minibatch(reports
                                                             POLICY_LOSS_MASK_KEY)}
         expected = mask_statistics(padded["old_log_probs"], padded["entropy"], padded["advantages"],
                                    padded["response_mask"], padded[POLICY_LOSS_MASK_KEY].bool(),
-                                   tau_p=cfg.policy_loss.tau_p, vocab_size=VOCAB, loss_agg_mode=cfg.loss_agg_mode,
+                                   tau_p=cfg.policy_loss.s2t_tau_p, vocab_size=VOCAB, loss_agg_mode=cfg.loss_agg_mode,
                                    rollout_is_weights=padded["rollout_is_weights"]).to_metrics()
         assert expected.keys() <= metrics.keys()
         for key, value in {**expected, **mask_metrics}.items():

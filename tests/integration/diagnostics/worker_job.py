@@ -60,7 +60,7 @@ def main(out_path, model_dir, engine, tp, clip, dump_dir):
     if clip is not None:
         object.__setattr__(worker.optimizer_config, "clip_grad", clip)
     worker.reset()
-    cfg = actor_config("stapo", tau_p=0.0156, dump_tokens=True, dump_dir=dump_dir, table_max_rows=64)
+    cfg = actor_config("stapo", s2t_tau_p=0.0156, dump_tokens=True, dump_dir=dump_dir, table_max_rows=64)
     worker.set_loss_fn(functools.partial(engine_workers.ppo_loss, config=cfg))
     worker._stapo_tokenizer = word_tokenizer()
     dp = worker.engine.get_data_parallel_size()

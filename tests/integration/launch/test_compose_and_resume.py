@@ -14,7 +14,7 @@ from support.procs import child_env
 
 OVERRIDES = [
     "actor@actor_rollout_ref.actor=stapo_dp_actor",
-    "actor_rollout_ref.actor.policy_loss.tau_p=0.01",
+    "actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.01",
     "++trainer.total_training_steps=22",
     "trainer.total_training_steps=21",  # a later override of the same key wins, as in Hydra
     "+ray_kwargs.ray_init.runtime_env.env_vars.STAPO_X='1'",
@@ -29,7 +29,7 @@ def test_compose_equals_what_main_ppo_composes():
     theirs = OmegaConf.create(proc.stdout)
     ours = compose_config(OVERRIDES)
     assert OmegaConf.to_container(ours) == OmegaConf.to_container(theirs)
-    assert ours.trainer.total_training_steps == 21 and ours.actor_rollout_ref.actor.policy_loss.tau_p == 0.01
+    assert ours.trainer.total_training_steps == 21 and ours.actor_rollout_ref.actor.policy_loss.s2t_tau_p == 0.01
 
 
 def _ckpt(base, step: int) -> None:

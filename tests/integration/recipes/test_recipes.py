@@ -148,8 +148,8 @@ def test_qwen3_8b_stapo_script_dry_run_prints_the_paper_setup():
     assert s["actor_rollout_ref.actor.policy_loss.loss_mode"] == "stapo"
     assert s["actor_rollout_ref.actor.policy_loss._target_"] == (
         "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig")
-    assert float(s["actor_rollout_ref.actor.policy_loss.tau_p"]) == 0.002
-    assert float(s["actor_rollout_ref.actor.policy_loss.entropy_quantile"]) == 0.75
+    assert float(s["actor_rollout_ref.actor.policy_loss.s2t_tau_p"]) == 0.002
+    assert float(s["actor_rollout_ref.actor.policy_loss.s2t_entropy_quantile"]) == 0.75
     assert float(s["actor_rollout_ref.actor.optim.lr"]) == 1e-6
     assert s["actor_rollout_ref.actor.optim.lr_warmup_steps"] == "10"
     assert s["actor_rollout_ref.actor.optim.lr_decay_style"] == "constant"
@@ -260,7 +260,7 @@ def test_fp8_values_are_checked_against_megatron_core():
         ("top_entropy", {"policy_loss.loss_mode": "vanilla", "policy_loss.token_mask": "top_entropy",
                          "calculate_entropy": False, "policy_loss.top_entropy_ratio": 0.2}),
         ("stapo_full_mask", {"policy_loss.loss_mode": "vanilla", "policy_loss.token_mask": "s2t_full",
-                             "policy_loss.tau_p": 0.002, "clip_ratio_high": 0.28}),
+                             "policy_loss.s2t_tau_p": 0.002, "clip_ratio_high": 0.28}),
         ("stapo_random", {"policy_loss.loss_mode": "vanilla", "policy_loss.token_mask": "s2t_random"}),
         ("stapo_high_entropy", {"policy_loss.loss_mode": "vanilla", "policy_loss.token_mask": "s2t_high_entropy"}),
         ("stapo", {"policy_loss.loss_mode": "stapo", "policy_loss.token_mask": "s2t", "calculate_entropy": False}),
@@ -277,7 +277,7 @@ def test_baseline_and_ablation_deltas(method, expect):
 def test_env_and_trailing_overrides_win():
     (overrides,) = _overrides(
         "recipes/qwen3_8b_stapo.sh",
-        ["actor_rollout_ref.actor.policy_loss.tau_p=0.01", "trainer.total_training_steps=5"],
+        ["actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.01", "trainer.total_training_steps=5"],
         env={"ACTOR_TP": "4", "NNODES": "2", "STAPO_Q": "0.8", "MODEL_PATH": "/models/q8"},
     )
     report, text = _dry(overrides)
@@ -285,8 +285,8 @@ def test_env_and_trailing_overrides_win():
     assert report.setting("actor_rollout_ref.actor.megatron.tensor_model_parallel_size") == 4
     assert report.setting("trainer.nnodes") == 2
     assert report.setting("derived.megatron_dp") == 4
-    assert report.setting("actor_rollout_ref.actor.policy_loss.tau_p") == 0.01
-    assert report.setting("actor_rollout_ref.actor.policy_loss.entropy_quantile") == 0.8
+    assert report.setting("actor_rollout_ref.actor.policy_loss.s2t_tau_p") == 0.01
+    assert report.setting("actor_rollout_ref.actor.policy_loss.s2t_entropy_quantile") == 0.8
     assert report.setting("trainer.total_training_steps") == 5
     assert report.setting("actor_rollout_ref.model.path") == "/models/q8"
 
@@ -375,7 +375,7 @@ def test_tiny_size_runs_the_production_overrides():
     assert not any(o.startswith("+actor_rollout_ref.actor.policy_loss.") for o in overrides)
     assert st(arr + "actor.policy_loss._target_") == (
         "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig")
-    assert st(arr + "actor.policy_loss.tau_p") == 0.05  # STAPO_TAU_P reaches the declared key
+    assert st(arr + "actor.policy_loss.s2t_tau_p") == 0.05  # STAPO_TAU_P reaches the declared key
     # the CPU delta
     assert st(arr + "rollout.name") == "cpu" and st(arr + "actor.strategy") == "fsdp2"
     assert st("trainer.n_gpus_per_node") == 1

@@ -47,21 +47,21 @@ def test_the_token_mask_keys_are_keys_of_the_config_with_a_range():
 @pytest.mark.parametrize("token_mask", ["s2t", "s2t_full", "s2t_random", "s2t_high_entropy", "top_entropy"])
 def test_every_token_mask_key_is_checked_whichever_mask_is_selected(token_mask):
     loss_mode = "stapo" if token_mask.startswith("s2t") else "vanilla"
-    assert "tau_p=1.5 is out of range: allowed 0 < tau_p < 1" in _config_error(loss_mode=loss_mode,
-                                                                                token_mask=token_mask, tau_p=1.5)
-    assert "allowed 0 < entropy_quantile <= 1" in _config_error(loss_mode=loss_mode, token_mask=token_mask,
-                                                                 entropy_quantile=5.0)
+    assert "s2t_tau_p=1.5 is out of range: allowed 0 < s2t_tau_p < 1" in _config_error(
+        loss_mode=loss_mode, token_mask=token_mask, s2t_tau_p=1.5)
+    assert "allowed 0 < s2t_entropy_quantile <= 1" in _config_error(loss_mode=loss_mode, token_mask=token_mask,
+                                                                     s2t_entropy_quantile=5.0)
     assert "top_entropy_ratio=0.0 is out of range" in _config_error(loss_mode=loss_mode, token_mask=token_mask,
                                                                     top_entropy_ratio=0.0)
 
 
 def test_without_a_token_mask_the_mask_keys_are_not_read():
-    assert StapoPolicyLossConfig(loss_mode="vanilla", tau_p=5.0).tau_p == 5.0
+    assert StapoPolicyLossConfig(loss_mode="vanilla", s2t_tau_p=5.0).s2t_tau_p == 5.0
 
 
 def test_tau_p_1e_13_builds_a_config_and_runs_through_the_diagnostics():
     tau_p = 1e-13  # accepted by the config, so the histograms must accept it too (they stopped at 1e-12)
-    assert StapoPolicyLossConfig(loss_mode="stapo", tau_p=tau_p).tau_p == tau_p
+    assert StapoPolicyLossConfig(loss_mode="stapo", s2t_tau_p=tau_p).s2t_tau_p == tau_p
     edges = log10_p_edges(tau_p)
     assert edges[-1] == pytest.approx(-13.0) and edges[0] == pytest.approx(-14.0) and len(edges) == 41
     assert log10_p_edges(0.002)[0] == -12.0 and log10_p_edges(1e-10)[0] == -12.0  # unchanged where it worked
@@ -80,7 +80,7 @@ def test_tau_p_1e_13_builds_a_config_and_runs_through_the_diagnostics():
 
 @pytest.mark.parametrize("value", [0.0, 1.0, -0.5, 1.5, float("nan")])
 def test_the_histogram_refuses_what_the_config_refuses_with_its_message(value):
-    assert _error(log10_p_edges, value) == _config_error(loss_mode="stapo", tau_p=value)
+    assert _error(log10_p_edges, value) == _config_error(loss_mode="stapo", s2t_tau_p=value)
 
 
 def test_library_preconditions_are_the_configs_check():
@@ -88,8 +88,8 @@ def test_library_preconditions_are_the_configs_check():
     assert _error(top_entropy_keep_mask, h, rm, 1.5) == _config_error(loss_mode="vanilla", token_mask="top_entropy",
                                                                       top_entropy_ratio=1.5)
     lp, adv = torch.full((2, 4), -9.0), torch.ones(2, 4)
-    assert _error(quadrant_masks, lp, h, adv, rm, 0.1, 0.0) == _config_error(loss_mode="stapo", entropy_quantile=0.0)
-    assert _error(quadrant_masks, lp, h, adv, rm, 1.0, 0.5) == _config_error(loss_mode="stapo", tau_p=1.0)
+    assert _error(quadrant_masks, lp, h, adv, rm, 0.1, 0.0) == _config_error(loss_mode="stapo", s2t_entropy_quantile=0.0)
+    assert _error(quadrant_masks, lp, h, adv, rm, 1.0, 0.5) == _config_error(loss_mode="stapo", s2t_tau_p=1.0)
     for window, warmup in ((3, 4), (1, 1), (5, 1)):
         assert _error(RunningZScore, window=window, warmup=warmup) == _config_error(
             loss_mode="stapo", collapse_window=window, collapse_warmup_steps=warmup)

@@ -151,7 +151,7 @@ def test_micro_batch_split_invariance(agg):
 
 def test_nothing_kept_gives_a_finite_zero_attached_to_the_graph():
     b = random_minibatch(bs=2, T=3, seed=2)
-    cfg = actor_config("vanilla", "s2t_full", tau_p=0.999)  # every positive-advantage token is a candidate
+    cfg = actor_config("vanilla", "s2t_full", s2t_tau_p=0.999)  # every positive-advantage token is a candidate
     b["td"]["advantages"] = response_to_nested(torch.ones(2, 3, dtype=torch.float64), b["td"]["response_mask"])
     apply_policy_token_mask(cfg, b["td"])
     assert not _kept(b["td"]).any() and tu.get(b["td"], POLICY_BATCH_NUM_TOKENS_KEY) == 0

@@ -6,9 +6,11 @@ from verl.utils.config import omega_conf_to_dataclass
 
 from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
+    RENAMED_KEYS,
     REPLACED_LOSS_MODES,
     StapoConfigError,
     StapoPolicyLossConfig,
+    check_renamed_keys,
     stapo_target,
 )
 
@@ -21,7 +23,7 @@ def test_loss_mode_stapo_is_vanilla_plus_s2t():
 
 
 def test_no_mask_means_no_plugin_behaviour_and_no_checks():
-    pl = StapoPolicyLossConfig(loss_mode="cispo", tau_p=5.0)  # unused keys are not validated without a mask
+    pl = StapoPolicyLossConfig(loss_mode="cispo", s2t_tau_p=5.0)  # unused keys are not validated without a mask
     assert pl.token_mask is None
 
 
@@ -57,10 +59,10 @@ def test_removed_statistics_source_says_what_replaces_it():
 @pytest.mark.parametrize(
     "kw,key",
     [
-        ({"tau_p": 0.0}, "tau_p"),
-        ({"tau_p": 1.0}, "tau_p"),
-        ({"entropy_quantile": 0.0}, "entropy_quantile"),
-        ({"entropy_quantile": 1.5}, "entropy_quantile"),
+        ({"s2t_tau_p": 0.0}, "s2t_tau_p"),
+        ({"s2t_tau_p": 1.0}, "s2t_tau_p"),
+        ({"s2t_entropy_quantile": 0.0}, "s2t_entropy_quantile"),
+        ({"s2t_entropy_quantile": 1.5}, "s2t_entropy_quantile"),
         ({"stats_source": "rollout"}, "stats_source"),
         ({"token_mask": "top_entropy", "top_entropy_ratio": 0.0, "loss_mode": "vanilla"}, "top_entropy_ratio"),
         ({"random_mask_seed": 1.5}, "random_mask_seed"),
@@ -73,17 +75,17 @@ def test_invalid_values_name_the_key(kw, key):
         StapoPolicyLossConfig(**kw)
 
 
-@pytest.mark.parametrize("key,text,value", [("tau_p", "0.002", 0.002), ("entropy_quantile", " 0.5", 0.5),
+@pytest.mark.parametrize("key,text,value", [("s2t_tau_p", "0.002", 0.002), ("s2t_entropy_quantile", " 0.5", 0.5),
                                             ("top_entropy_ratio", "1e-1", 0.1), ("random_mask_seed", "7", 7),
                                             ("dump_max_rows_per_step", "12", 12), ("clip_cov_ratio", "0.25", 0.25)])
 def test_quoted_numeric_values_are_coerced_exactly(key, text, value):
-    # a quoted Hydra override (policy_loss.tau_p='0.002') reaches the dataclass as a string
+    # a quoted Hydra override (policy_loss.s2t_tau_p='0.002') reaches the dataclass as a string
     cfg = omega_conf_to_dataclass(OmegaConf.create({"_target_": stapo_target(), "loss_mode": "stapo", key: text}))
     got = getattr(cfg, key)
     assert got == value and type(got) is type(value)
 
 
-@pytest.mark.parametrize("kw", [{"tau_p": True}, {"tau_p": "abc"}, {"tau_p": "nan"}, {"entropy_quantile": [0.5]},
+@pytest.mark.parametrize("kw", [{"s2t_tau_p": True}, {"s2t_tau_p": "abc"}, {"s2t_tau_p": "nan"}, {"s2t_entropy_quantile": [0.5]},
                                 {"random_mask_seed": "1.5"}, {"random_mask_seed": 2.0}, {"random_mask_seed": True},
                                 {"dump_max_rows_per_step": "0"}, {"dump_tokens": "true"}, {"dump_dir": 3}])
 def test_bad_scalar_values_are_rejected_naming_the_key(kw):
@@ -96,3 +98,14 @@ def test_bad_scalar_values_are_rejected_naming_the_key(kw):
 def test_dump_needs_an_s2t_mask():
     with pytest.raises(StapoConfigError, match="dump_tokens=True dumps S2T candidates"):
         StapoPolicyLossConfig(loss_mode="vanilla", token_mask="top_entropy", dump_tokens=True)
+
+
+@pytest.mark.parametrize("old,new", sorted(RENAMED_KEYS.items()))
+@pytest.mark.parametrize("token_mask", [None, "s2t"])
+def test_an_old_key_name_fails_naming_the_new_one(old, new, token_mask):
+    with pytest.raises(StapoConfigError, match=rf"policy_loss\.{old}=0\.1: the key was renamed to "
+                                               rf"actor_rollout_ref\.actor\.policy_loss\.{new}\b.*Fix: .*{new}=0\.1"):
+        StapoPolicyLossConfig(loss_mode="stapo" if token_mask else "vanilla", token_mask=token_mask, **{old: 0.1})
+    with pytest.raises(StapoConfigError, match=rf"renamed to actor_rollout_ref\.actor\.policy_loss\.{new}\b"):
+        check_renamed_keys(OmegaConf.create({"loss_mode": "stapo", old: "0.1"}))  # the driver's check, before Ray
+    check_renamed_keys(OmegaConf.create({"loss_mode": "stapo", old: None, new: 0.1}))  # declared, unset: fine

@@ -139,7 +139,7 @@ def test_the_series_config_refuses_what_the_plugins_refuses(series, token_mask):
 
     def refused(build, error, tau_p, q) -> bool:
         try:
-            build(token_mask=token_mask, tau_p=tau_p, entropy_quantile=q)
+            build(token_mask=token_mask, s2t_tau_p=tau_p, s2t_entropy_quantile=q)
         except error:
             return True
         return False

@@ -100,7 +100,7 @@ def _dump(td, cfg, metrics, budget, tok, minibatch=1):
 
 
 def test_dump_rows_are_exact_and_decoding_is_proportional_to_dumped_rows(tmp_path):
-    cfg = actor_config("stapo", entropy_quantile=0.25, dump_tokens=True, dump_dir=str(tmp_path))
+    cfg = actor_config("stapo", s2t_entropy_quantile=0.25, dump_tokens=True, dump_dir=str(tmp_path))
     td = _minibatch()
     metrics = apply_policy_token_mask(cfg, td)
     assert metrics["actor/stapo/num_masked"] == 3 and metrics["actor/stapo/num_candidates"] == 12

@@ -8,15 +8,15 @@ version, the allowed values of every key, already lives in :mod:`stapo_verl.algo
 which keys they read where they are registered (:mod:`stapo_verl.core.masks`).
 
 verl 0.9.1's ``PolicyLossConfig`` has no ``token_mask``; :class:`StapoPolicyLossConfig` is that class plus the keys
-the upstream series adds (``token_mask``, S2T's ``tau_p`` and ``entropy_quantile``) and the plugin's own
+the upstream series adds (``token_mask``, S2T's ``s2t_tau_p`` and ``s2t_entropy_quantile``) and the plugin's own
 (statistics source, ablation and dump settings). It is selected through ``policy_loss._target_``, which the plugin
 fills on the driver when ``loss_mode=stapo`` or a ``token_mask`` is set (:func:`fill_policy_loss_target`), so users
 never type it. Key names and defaults::
 
     actor_rollout_ref.actor.policy_loss.token_mask=s2t          # or s2t_high_entropy, s2t_random, s2t_full,
                                                                  #    top_entropy; null = no mask (default)
-    actor_rollout_ref.actor.policy_loss.tau_p=0.002
-    actor_rollout_ref.actor.policy_loss.entropy_quantile=0.75
+    actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.002
+    actor_rollout_ref.actor.policy_loss.s2t_entropy_quantile=0.75
     actor_rollout_ref.actor.policy_loss.stats_source=old_policy  # or current_minibatch
     actor_rollout_ref.actor.policy_loss.mask_statistics=true     # false: the mask's own metrics only
 
@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 #: the ranged keys the registered masks read (:mod:`stapo_verl.core.masks`; ``random_mask_seed`` is any int),
 #: checked whenever a token mask is selected
-TOKEN_MASK_KEYS = ("tau_p", "entropy_quantile", "top_entropy_ratio")
+TOKEN_MASK_KEYS = ("s2t_tau_p", "s2t_entropy_quantile", "top_entropy_ratio")
 #: where the statistics the mask reads come from
 STATS_SOURCES = ("old_policy", "current_minibatch")
 #: loss modes of earlier stapo-verl versions → the ``token_mask`` that replaces them (with ``loss_mode=vanilla``)
@@ -65,6 +65,10 @@ REPLACED_LOSS_MODES = types.MappingProxyType({
     "stapo_full_mask": "s2t_full",
     "top_entropy": "top_entropy",
 })
+#: keys of earlier stapo-verl versions → their names now, prefixed with their method as verl's loss keys are
+#: (``clip_cov_*``, ``kl_cov_*``, ``dro_beta``). Still declared (None), so that an old override reaches the error
+#: naming the new key instead of Hydra's ``Key 'tau_p' is not in struct``.
+RENAMED_KEYS = types.MappingProxyType({"tau_p": "s2t_tau_p", "entropy_quantile": "s2t_entropy_quantile"})
 #: verl 0.9.1's ``actor.yaml`` default for ``policy_loss._target_``
 VERL_DEFAULT_TARGET = "verl.workers.config.PolicyLossConfig"
 _KEY = KEY
@@ -132,6 +136,25 @@ def require_plugin_loaded(asked_by: str = f"{_KEY} (loss_mode=stapo or a token_m
         raise StapoNotRegisteredError(_not_loaded_message())
 
 
+def check_renamed_keys(values) -> None:
+    """Raise on a key of :data:`RENAMED_KEYS` that has a value, naming the key it was renamed to.
+
+    Args:
+        values: the policy-loss node: a ``DictConfig``, a mapping, or a :class:`StapoPolicyLossConfig`.
+
+    Raises:
+        StapoConfigError: naming the old key, its value and the new key (``tau_p`` → ``s2t_tau_p``).
+    """
+    for old, new in RENAMED_KEYS.items():
+        value = getattr(values, old, None) if dataclasses.is_dataclass(values) else values.get(old, None)
+        if value is not None:
+            raise StapoConfigError(
+                f"{_KEY}.{old}={value!r}: the key was renamed to {_KEY}.{new} (a method's keys carry its prefix, as "
+                f"verl's clip_cov_*/kl_cov_* do). Fix: {_KEY}.{new}={value}",
+                key=f"{_KEY}.{old}", value=value, allowed=f"null; set {_KEY}.{new} instead",
+            )
+
+
 def plugin_request(loss_mode, token_mask) -> str | None:
     """What a policy-loss config asks of the plugin, as the errors name it (e.g.
     ``actor_rollout_ref.actor.policy_loss.loss_mode='stapo', token_mask='s2t'``); None when it asks for nothing
@@ -144,7 +167,7 @@ def plugin_request(loss_mode, token_mask) -> str | None:
 def _coerce_scalar(name: str, value, kind: type):
     """``value`` as ``kind`` (float/int/bool/str), coercing numeric strings exactly; raise otherwise.
 
-    A quoted Hydra value (``tau_p='0.002'``) arrives as the string "0.002"; it is parsed with Python's
+    A quoted Hydra value (``s2t_tau_p='0.002'``) arrives as the string "0.002"; it is parsed with Python's
     ``float``/``int``, the same literal Hydra parses unquoted. Booleans are never numbers and floats are never
     truncated to ints.
 
@@ -203,11 +226,13 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         token_mask: name of a registered policy token mask applied to the policy-gradient term of any
             ``loss_mode`` (``s2t``, ``s2t_high_entropy``, ``s2t_random``, ``s2t_full``, ``top_entropy``); None
             for no mask. ``loss_mode=stapo`` sets it to ``s2t`` when unset.
-        tau_p: τ_p; a token is a candidate iff p < tau_p (strict). 0 < tau_p < 1; default 0.002 (paper §5).
-        entropy_quantile: q; τ_h = Quantile_q(P), linear interpolation. 0 < q ≤ 1; default 0.75 (paper §3).
+        s2t_tau_p: τ_p; a token is a candidate iff p < τ_p (strict). 0 < τ_p < 1; default 0.002 (paper §5).
+        s2t_entropy_quantile: q; τ_h = Quantile_q(P), linear interpolation. 0 < q ≤ 1; default 0.75 (paper §3).
         stats_source: where p and H come from: ``old_policy`` (default; the old-log-prob pass of verl's v1
             trainer, no extra forward) or ``current_minibatch`` (one no-grad forward of each optimizer mini-batch
             with the current weights, the paper's Algorithm 1; +1 forward per mini-batch).
+        tau_p, entropy_quantile: renamed to ``s2t_tau_p`` and ``s2t_entropy_quantile``; any value raises naming
+            the new key (:data:`RENAMED_KEYS`). Default None.
         top_entropy_ratio: ρ of ``token_mask=top_entropy``: keep the ⌈ρ·N⌉ tokens of highest entropy.
             0 < ρ ≤ 1; default 0.2.
         random_mask_seed: seed of ``token_mask=s2t_random`` (mixed with the global step and mini-batch index).
@@ -233,20 +258,22 @@ class StapoPolicyLossConfig(PolicyLossConfig):
             Default 5.
 
     Numeric keys (inherited ones included) accept numeric strings, coerced exactly. Every range above is defined
-    once, in :mod:`stapo_verl.algo.config_ranges`; the token-mask keys (``tau_p``, ``entropy_quantile``,
+    once, in :mod:`stapo_verl.algo.config_ranges`; the token-mask keys (``s2t_tau_p``, ``s2t_entropy_quantile``,
     ``top_entropy_ratio``) are all checked whenever a token mask is selected.
 
     Raises:
         StapoConfigError: a value of the wrong type or out of range, an unknown ``token_mask``, a removed loss
-            mode or statistics source, or ``loss_mode=stapo`` with a non-S2T mask.
+            mode, statistics source or key name (:data:`RENAMED_KEYS`), or ``loss_mode=stapo`` with a non-S2T mask.
         StapoNotRegisteredError: a mask or ``loss_mode=stapo`` is configured but the plugin is not loaded here.
         stapo_verl.integration.verl_0_9_1.IncompatibleVerlError: a mask or ``loss_mode=stapo`` is configured on a
             verl the plugin was not written for (checked first; see :func:`require_plugin_loaded`).
     """
 
     token_mask: Optional[str] = None
-    tau_p: float = 0.002
-    entropy_quantile: float = 0.75
+    s2t_tau_p: float = 0.002
+    s2t_entropy_quantile: float = 0.75
+    tau_p: Optional[float] = None
+    entropy_quantile: Optional[float] = None
     stats_source: str = "old_policy"
     top_entropy_ratio: float = 0.2
     random_mask_seed: int = 0
@@ -280,6 +307,7 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         if parent is not None:
             parent()
         self._coerce_fields()
+        check_renamed_keys(self)
         if self.loss_mode in REPLACED_LOSS_MODES:
             raise StapoConfigError(
                 f"{_KEY}.loss_mode={self.loss_mode!r} was replaced by a token mask that works with any loss: use "
@@ -438,7 +466,8 @@ def validate_token_mask_config(config) -> None:
         config: the full trainer config (OmegaConf ``DictConfig``), after :func:`fill_policy_loss_target`.
 
     Raises:
-        StapoConfigError: ``_target_`` is not our config class; the mask's statistics need verl's v1 old-log-prob
+        StapoConfigError: a renamed key has a value (:data:`RENAMED_KEYS`); ``_target_`` is not our config
+            class; the mask's statistics need verl's v1 old-log-prob
             pass (``trainer.use_v1=True``, ``algorithm.rollout_correction.bypass_mode=False``);
             ``stats_source=current_minibatch`` with Megatron pipeline parallelism; distillation is enabled.
         StapoNotRegisteredError: the plugin is not loaded in this process.
@@ -447,6 +476,7 @@ def validate_token_mask_config(config) -> None:
     if pl is None or not wants_plugin_config(pl):
         return
     require_plugin_loaded()
+    check_renamed_keys(pl)
     target = _get(pl, "_target_", "")
     if target != stapo_target() and not _is_stapo_config_class(target):
         raise StapoConfigError(

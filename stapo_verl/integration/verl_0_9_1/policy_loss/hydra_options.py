@@ -4,7 +4,7 @@ Selected like any verl actor config (``verl/trainer/config/ppo_trainer.yaml`` ha
 ``- actor@actor_rollout_ref.actor: ${model_engine}_actor`` in its defaults list)::
 
     python -m verl.trainer.main_ppo ... 'actor@actor_rollout_ref.actor=stapo_${model_engine}_actor' \\
-        actor_rollout_ref.actor.policy_loss.tau_p=0.01
+        actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.01
 
 Each option is ``defaults: [<engine>_actor, _self_]`` (verl's own ``actor/dp_actor.yaml`` /
 ``actor/megatron_actor.yaml``, unchanged) plus ``policy_loss._target_``, ``policy_loss.loss_mode: stapo``,

@@ -157,15 +157,15 @@ def test_a_batch_without_entropy_is_refused_naming_the_field():
 
 def test_s2t_keys_default_to_the_paper_and_are_validated_only_when_a_mask_is_selected():
     config = PolicyLossConfig()
-    assert (config.tau_p, config.entropy_quantile) == (0.002, 0.75)
-    assert PolicyLossConfig(tau_p=0.0, entropy_quantile=2.0).tau_p == 0.0  # no mask: not checked
-    assert PolicyLossConfig(token_mask="s2t", tau_p=0.5, entropy_quantile=1.0).entropy_quantile == 1.0
+    assert (config.s2t_tau_p, config.s2t_entropy_quantile) == (0.002, 0.75)
+    assert PolicyLossConfig(s2t_tau_p=0.0, s2t_entropy_quantile=2.0).s2t_tau_p == 0.0  # no mask: not checked
+    assert PolicyLossConfig(token_mask="s2t", s2t_tau_p=0.5, s2t_entropy_quantile=1.0).s2t_entropy_quantile == 1.0
     for bad, allowed in (
-        (dict(tau_p=0.0), r"tau_p must be in \(0, 1\)"),
-        (dict(tau_p=1.0), r"tau_p must be in \(0, 1\)"),
-        (dict(tau_p=-0.1), r"tau_p must be in \(0, 1\)"),
-        (dict(entropy_quantile=0.0), r"entropy_quantile must be in \(0, 1\]"),
-        (dict(entropy_quantile=1.5), r"entropy_quantile must be in \(0, 1\]"),
+        (dict(s2t_tau_p=0.0), r"s2t_tau_p must be in \(0, 1\)"),
+        (dict(s2t_tau_p=1.0), r"s2t_tau_p must be in \(0, 1\)"),
+        (dict(s2t_tau_p=-0.1), r"s2t_tau_p must be in \(0, 1\)"),
+        (dict(s2t_entropy_quantile=0.0), r"s2t_entropy_quantile must be in \(0, 1\]"),
+        (dict(s2t_entropy_quantile=1.5), r"s2t_entropy_quantile must be in \(0, 1\]"),
     ):
         ((key, value),) = bad.items()
         with pytest.raises(ValueError, match=rf"policy_loss\.{allowed} when token_mask is set, got {value}"):
@@ -174,7 +174,7 @@ def test_s2t_keys_default_to_the_paper_and_are_validated_only_when_a_mask_is_sel
 
 def test_actor_yaml_declares_the_s2t_keys():
     policy_loss = OmegaConf.load(CONFIG_DIR / "actor" / "actor.yaml").policy_loss
-    assert (policy_loss.tau_p, policy_loss.entropy_quantile) == (0.002, 0.75)
+    assert (policy_loss.s2t_tau_p, policy_loss.s2t_entropy_quantile) == (0.002, 0.75)
     for generated in sorted(CONFIG_DIR.glob("_generated_ppo*_trainer.yaml")):
         node = OmegaConf.load(generated).actor_rollout_ref.actor.policy_loss
-        assert (node.tau_p, node.entropy_quantile) == (0.002, 0.75), generated.name
+        assert (node.s2t_tau_p, node.s2t_entropy_quantile) == (0.002, 0.75), generated.name
