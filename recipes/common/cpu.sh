@@ -86,6 +86,10 @@ stapo_cpu_setup() {
     export PYTHONHASHSEED=0
     # TransferQueue's thread pool in this (driver) process; the workers get it through ray_init.runtime_env.
     export TQ_NUM_THREADS=1
+    # Ray starts its workers at nice 15 (the raylet's worker_niceness). Beside other CPU-bound work at nice 0 (a CI
+    # runner, a laptop's other jobs; here two busy loops on 2 cores) they got almost no CPU: a resumed 2-step tiny run
+    # took 15 minutes. The CPU run gives the workers the launcher's priority; a value set before the recipe is kept.
+    export RAY_worker_niceness="${RAY_worker_niceness:-0}"
 
     : "${ENGINE:=fsdp}"
     : "${PRECISION:=bf16}"

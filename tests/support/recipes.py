@@ -74,3 +74,5 @@ def record_main_ppo() -> None:
     lines = [f"RAY_ADDRESS={os.environ.get('RAY_ADDRESS', '')}", "-m", "verl.trainer.main_ppo", *sys.argv[1:], "---"]
     with open(os.environ["STUB_OUT"], "a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
+    with open(os.environ["STUB_OUT"] + ".env", "w", encoding="utf-8") as f:  # what Ray would start its raylet with
+        f.write(f"RAY_worker_niceness={os.environ.get('RAY_worker_niceness', '<unset>')}\n")

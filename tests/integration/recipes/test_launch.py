@@ -121,6 +121,8 @@ def test_more_steps_in_any_hydra_spelling_train_on(tmp_path):
     gen = json.loads((run / "ckpt" / "generation_config" / "generation_config.json").read_text())
     assert len(gen["eos_token_id"]) == 2  # end of sequence and end of turn
     assert json.loads((run / "wall.json").read_text())["returncode"] == 0
+    # Ray's workers run at the launcher's priority (Ray's default nice 15 starves them beside other CPU work)
+    assert (tmp_path / "calls.env").read_text() == "RAY_worker_niceness=0\n"
 
     # a checkpoint elsewhere (trainer.default_local_dir) or resume_mode=disable: there is something to train
     run2, env2 = _finished_run(tmp_path / "b", 20)
@@ -130,6 +132,9 @@ def test_more_steps_in_any_hydra_spelling_train_on(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert [c[2] for c in calls(out)] == ["verl.trainer.main_ppo"]
         assert "(steps 1-20)" in proc.stdout
+    proc = bash(["recipes/tiny_cpu_stapo.sh", "trainer.resume_mode=disable"],
+                env={**env2, "STUB_OUT": str(tmp_path / "b" / "calls2"), "RAY_worker_niceness": "5"})
+    assert proc.returncode == 0 and (tmp_path / "b" / "calls2.env").read_text() == "RAY_worker_niceness=5\n"
 
 
 def test_overrides_that_do_not_compose_stop_the_tiny_run(tmp_path):
