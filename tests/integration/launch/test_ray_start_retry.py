@@ -92,3 +92,15 @@ def test_the_timeout_is_recognised_behind_the_real_hydra_main(tmp_path, monkeypa
         raise Exception("Ray " + RAY_MESSAGE)  # not Ray's message
     except Exception as other:
         assert not train.ray_start_timed_out(other)
+
+
+def test_the_installed_ray_still_raises_the_message_the_launcher_matches():
+    """The retry matches Ray's message text (Ray gives the timeout no exception type of its own): if a Ray upgrade
+    rewords it or makes the 30 s configurable, this goes red and the launcher's match must follow."""
+    import inspect
+
+    import ray._private.node as node
+
+    source = inspect.getsource(node.Node.__init__)
+    assert train.RAY_START_TIMEOUT in source and RAY_MESSAGE.startswith(train.RAY_START_TIMEOUT)
+    assert "raylet_start_wait_time_s = 30" in source
