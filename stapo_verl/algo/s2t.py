@@ -1,15 +1,9 @@
-"""S2T (Silencing Spurious Tokens) mask of STAPO: candidates, the entropy threshold τ_h, the keep mask.
+"""S2T mask of STAPO (https://arxiv.org/abs/2602.15620, §3, Algorithm 1); torch only.
 
-STAPO: "Spurious-Token-Aware Policy Optimization" (https://arxiv.org/abs/2602.15620), §3 and Algorithm 1.
-A response token (i, t) is *spurious* iff  Â_i > 0  and  p_{i,t} < τ_p  and  H_{i,t} < τ_h  (all strict), where
-τ_h = Quantile_q(P) with linear interpolation over the candidate population
-P = {H_{i,t} : valid, Â_i > 0, p_{i,t} < τ_p}, gathered over the data-parallel group. Spurious tokens, and valid
-tokens whose log-prob or entropy is not finite, leave the policy-gradient term and its token-mean denominator.
-
-Torch only. The exchange over the group the caller passes (``None``, or no process group: one process holds all) is
-two tensor ``all_gather`` calls on the inputs' device: each rank's counts (candidates, valid, non-finite tokens),
-then its candidate rows padded to the largest count (a few per response). The caller puts the inputs on the
-group's device (for NCCL, the GPU), as verl's engines do with their token count.
+Token (i, t) is spurious iff Â_i > 0, p_{i,t} < τ_p and H_{i,t} < τ_h = Quantile_q(P) (linear), P the entropies of
+the valid candidates (Â > 0, p < τ_p) over the data-parallel group. Spurious tokens and valid non-finite ones leave
+the policy-gradient term and its token-mean denominator. The group exchange is two tensor ``all_gather`` calls on the
+inputs' device (the caller puts them on the group's device, as verl's engines do with their token count).
 """
 
 from __future__ import annotations
@@ -21,22 +15,10 @@ import torch.distributed as dist
 
 
 def candidate_mask(log_prob, entropy, advantages, response_mask, tau_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidate set P (Â > 0 and p < τ_p on valid finite tokens) and the non-finite valid tokens.
+    """Candidates P (valid, finite, Â > 0, log p < ln τ_p; paper §3) and the valid non-finite tokens, (bs, T) bool.
 
-    Args:
-        log_prob: (bs, T) float, log p of the sampled token (any float dtype; read detached, in fp32).
-        entropy: (bs, T) float, entropy in nats of the same distribution.
-        advantages: (bs, T) float, Â broadcast over the response.
-        response_mask: (bs, T) bool or int, 1 on real response tokens (padding is never a candidate).
-        tau_p: τ_p in (0, 1); p < τ_p is evaluated as log p < ln τ_p.
-
-    Returns:
-        ``(candidates, nonfinite)``, both (bs, T) bool.
-
-    Raises:
-        ValueError: the four tensors do not share one shape.
-
-    Source: STAPO paper §3 (conditions Â > 0 and p < τ_p); non-finite values are excluded and dropped.
+    ``log_prob`` (log p of the sampled token), ``entropy`` (nats), ``advantages``: (bs, T) float, read detached in
+    fp32; ``response_mask``: (bs, T) bool or int. Raises ValueError when the four shapes differ.
     """
     shapes = {tuple(t.shape) for t in (log_prob, entropy, advantages, response_mask)}
     if len(shapes) != 1:
@@ -52,17 +34,9 @@ def candidate_mask(log_prob, entropy, advantages, response_mask, tau_p: float) -
 
 
 def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group=None):
-    """The candidate population P of the whole group, with two tensor ``all_gather`` calls on the inputs' device.
-
-    Args:
-        log_prob, entropy, response_mask: (bs, T), as in :func:`candidate_mask`; candidates, nonfinite: its output.
-        group: the data-parallel group whose ranks together hold the mini-batch (each token on one rank), or None.
-
-    Returns:
-        ``(rows, offset, n_valid, n_nonfinite)``: rows (|P|, 2) float32 on the inputs' device, (H, log p) of the
-        candidates of every rank in rank order; the index of this rank's first row; the group's valid and non-finite
-        token counts (ints).
-    """
+    """P over ``group`` (None: this process holds all): ``(rows, offset, n_valid, n_nonfinite)``, rows (|P|, 2)
+    float32 (H, log p) of every rank's candidates in rank order, ``offset`` this rank's first row, and the group's
+    valid and non-finite token counts. Inputs (bs, T) as in :func:`candidate_mask` and its outputs."""
     rows = torch.stack([entropy.detach().float()[candidates], log_prob.detach().float()[candidates]], dim=1)
     counts = torch.stack([candidates.sum(), response_mask.bool().sum(), nonfinite.sum()]).to(rows.device)
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
@@ -104,25 +78,10 @@ def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h: float | N
 
 
 def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, q=0.75, group=None):
-    """Keep mask K = valid ∧ finite ∧ ¬spurious for this rank's share of one optimizer mini-batch.
-
-    The candidates are gathered over ``group`` before τ_h is taken, so every rank applies the same τ_h and K does not
-    depend on how the mini-batch is split over ranks or micro-batches.
-
-    Args:
-        log_prob, entropy, advantages, response_mask: (bs, T), as in :func:`candidate_mask`, on the device of
-            ``group``'s collectives.
-        tau_p: τ_p (paper: 0.002). q: entropy quantile, 0 < q <= 1 (paper: 0.75). group: see
-            :func:`gather_candidates`.
-
-    Returns:
-        ``(keep, metrics)``: keep (bs, T) bool on the device of ``log_prob``; metrics as :func:`s2t_metrics`.
-
-    Raises:
-        ValueError: the inputs do not share one shape. RuntimeError: |P| > 2^24 (``torch.quantile``'s limit).
-
-    Source: STAPO paper §3 and Algorithm 1 (τ_h: ``torch.quantile``, linear), generalised to data parallelism.
-    """
+    """Keep mask K = valid ∧ finite ∧ ¬spurious, (bs, T) bool, and :func:`s2t_metrics`, for this rank's share of an
+    optimizer mini-batch (paper §3, Algorithm 1; τ_p = 0.002, q = 0.75 there). P is gathered over ``group`` before
+    τ_h is taken, so K does not depend on the DP or micro-batch split. Inputs as in :func:`candidate_mask`, on the
+    group's device. Raises ValueError (shapes), RuntimeError (|P| > 2^24, ``torch.quantile``'s limit)."""
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
     rows, offset, n_valid, n_nonfinite = gather_candidates(
         log_prob, entropy, response_mask, candidates, nonfinite, group

@@ -34,46 +34,39 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding, response_to_nested
 
-from stapo_verl.core.registry import get_policy_token_mask
+from stapo_verl.core import registry as core_algos  # verl: from verl.trainer.ppo import core_algos
 
+#: the mini-batch fields the pre-pass writes (the shared functions below spell them out, as verl's ppo_loss does)
 POLICY_LOSS_MASK_KEY = "policy_loss_mask"
 POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
 def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None) -> dict[str, float]:
-    """Run the configured policy token mask on this rank's share of one optimizer mini-batch, before the engine
-    splits it; on ``get_device_id()`` when ``dp_group`` has several ranks (the collectives' device). Writes
-    ``policy_loss_mask`` (layout, dtype and device of ``response_mask``) and ``policy_batch_num_tokens`` (its Σ over
-    the group) for ``ppo_loss``'s policy-gradient term; returns the mask's metrics.
-
-    Raises:
-        ValueError: the mask is not registered. KeyError: the mini-batch lacks a field the mask reads.
-    """
-    token_mask = get_policy_token_mask(config.policy_loss.token_mask)
-    missing = [key for key in token_mask.required_fields if key not in data.keys()]
+    """Run ``policy_loss.token_mask`` on this rank's share of an optimizer mini-batch before the engine splits it (on
+    ``get_device_id()`` when ``dp_group`` has several ranks). Writes ``policy_loss_mask`` (like ``response_mask``) and
+    ``policy_batch_num_tokens`` (its sum over the group) for ``ppo_loss``; returns the mask's metrics. Raises
+    ValueError for an unregistered mask, KeyError when the mini-batch lacks a field the mask reads."""
+    mask_fn, fields = core_algos.get_policy_token_mask(config.policy_loss.token_mask)
+    missing = [key for key in fields if key not in data.keys()]
     if missing:
         raise KeyError(f"policy_loss.token_mask={config.policy_loss.token_mask!r}: the mini-batch is missing {missing}")
     distributed = dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1
     device = get_device_id() if distributed else None
-    batch = {}
-    for key in token_mask.required_fields:
-        value = tu.get(data, key)
+    batch = {key: tu.get(data, key) for key in fields}
+    for key, value in batch.items():
         if isinstance(value, torch.Tensor):
-            value = value.to_padded_tensor(0) if value.is_nested else value
-            value = value.to(device) if device is not None else value
-        batch[key] = value
-    keep, metrics = token_mask.fn(batch, config, dp_group)
+            batch[key] = (value.to_padded_tensor(0) if value.is_nested else value).to(device=device)
+    keep, metrics = mask_fn(batch, config, dp_group)
     response_mask = data["response_mask"]
     padded_mask = response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask
     keep = keep.to(padded_mask.device).bool() & padded_mask.bool()
-    num_tokens = keep.sum()
+    num_tokens = keep.sum().to(device=device)
     if distributed:
-        num_tokens = num_tokens.to(device)
         dist.all_reduce(num_tokens, group=dp_group)
     keep = keep.to(response_mask.dtype)
-    data[POLICY_LOSS_MASK_KEY] = response_to_nested(keep, response_mask) if response_mask.is_nested else keep
-    tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: num_tokens.item()})
-    return {**metrics, f"actor/{POLICY_BATCH_NUM_TOKENS_KEY}": float(num_tokens)}
+    data["policy_loss_mask"] = response_to_nested(keep, response_mask) if response_mask.is_nested else keep
+    tu.assign_non_tensor(data, policy_batch_num_tokens=num_tokens.item())
+    return {**metrics, "actor/policy_batch_num_tokens": float(num_tokens)}
 
 
 def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None):
@@ -91,13 +84,13 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
     # the policy token mask (policy_loss.token_mask): written by apply_policy_token_mask for the whole mini-batch
     token_mask = config.policy_loss.get("token_mask", None)
-    if (token_mask is not None) != (POLICY_LOSS_MASK_KEY in data.keys()):
+    if (token_mask is not None) != ("policy_loss_mask" in data.keys()):
         raise RuntimeError(
             f"policy_loss.token_mask={token_mask!r}, but this micro-batch {'lacks' if token_mask else 'carries'} "
-            f"{POLICY_LOSS_MASK_KEY!r}: apply_policy_token_mask must run on its mini-batch exactly when a mask is set"
+            "'policy_loss_mask': apply_policy_token_mask must run on its mini-batch exactly when a mask is set"
         )
     # the policy-gradient term divides by the kept tokens; the entropy and KL terms below by every valid token
-    pg_batch_num_tokens = max(data[POLICY_BATCH_NUM_TOKENS_KEY], 1) if token_mask is not None else batch_num_tokens
+    pg_batch_num_tokens = max(data["policy_batch_num_tokens"], 1) if token_mask is not None else batch_num_tokens
 
     # assumes that if any of the global batch info is set, the policy_loss_fn will
     # normalize using dp_size/global_bsz/global_token; in this case, metric aggregation should be SUM
@@ -121,7 +114,7 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     if "ref_log_prob" in data:
         fields.append("ref_log_prob")
     if token_mask is not None:
-        fields.append(POLICY_LOSS_MASK_KEY)
+        fields.append("policy_loss_mask")
     data = data.select(*fields).to_padded_tensor()
 
     response_mask = data["response_mask"].to(bool)
@@ -137,7 +130,7 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     policy_loss_fn = get_policy_loss_fn(loss_mode)
     pg_mask, pg_log_prob = response_mask, log_prob
     if token_mask is not None:  # only the kept tokens; zeros elsewhere, since NaN * 0 would reach the loss
-        pg_mask = response_mask & data[POLICY_LOSS_MASK_KEY].bool()
+        pg_mask = response_mask & data["policy_loss_mask"].bool()
         old_log_prob, pg_log_prob, advantages, rollout_is_weights = (
             None if x is None else torch.where(pg_mask, x, 0.0)
             for x in (old_log_prob, log_prob, advantages, rollout_is_weights)

@@ -48,19 +48,9 @@ class StapoLossError(RuntimeError):
 
 @register_policy_token_mask("s2t", required_fields=S2T_FIELDS)
 def compute_s2t_token_mask(batch, config, dp_group=None):
-    """STAPO's S2T mask: keep every valid token except the spurious ones (Â > 0, p < τ_p, H < Quantile_q(P)).
-
-    Args:
-        batch: ``old_log_probs``, ``entropy``, ``advantages`` (bs, T) float and ``response_mask`` (bs, T), padded,
-            on the device of ``dp_group``'s collectives.
-        config: actor config; reads ``policy_loss.s2t_tau_p`` and ``policy_loss.s2t_entropy_quantile``.
-        dp_group: the data-parallel group holding the mini-batch (the candidate population is gathered over it).
-
-    Returns:
-        ``(keep (bs, T) bool, metrics under "actor/stapo/")``.
-
-    Source: STAPO paper (arXiv 2602.15620) §3 and Algorithm 1.
-    """
+    """STAPO's S2T mask (arXiv 2602.15620, §3): keep every valid token but the spurious ones (Â > 0, p < τ_p,
+    H < Quantile_q(P)), with ``policy_loss.s2t_tau_p`` and ``s2t_entropy_quantile``. ``batch``: the S2T_FIELDS,
+    (bs, T) padded; returns ``(keep (bs, T) bool, metrics under "actor/stapo/")``."""
     return s2t_keep_mask(
         batch["old_log_probs"],
         batch["entropy"],

@@ -134,7 +134,7 @@ def _loss(config, td, padded, rows=None, entropy=False):
 
 
 def _kept(td):
-    return td[losses.POLICY_LOSS_MASK_KEY].to_padded_tensor(0).bool()
+    return td["policy_loss_mask"].to_padded_tensor(0).bool()
 
 
 def test_pre_pass_writes_the_mask_and_its_count_and_leaves_the_engine_masks_alone():
@@ -142,9 +142,9 @@ def test_pre_pass_writes_the_mask_and_its_count_and_leaves_the_engine_masks_alon
     before = {key: td[key].to_padded_tensor(0).clone() for key in ("response_mask", "loss_mask")}
     metrics = apply_policy_token_mask(_actor_config(token_mask=MASK), td)
     expected = rm & (torch.arange(T) % 2 == 0)
-    assert td[losses.POLICY_LOSS_MASK_KEY].is_nested and td[losses.POLICY_LOSS_MASK_KEY].dtype == torch.int64
+    assert td["policy_loss_mask"].is_nested and td["policy_loss_mask"].dtype == torch.int64
     assert torch.equal(_kept(td), expected)
-    assert tu.get(td, losses.POLICY_BATCH_NUM_TOKENS_KEY) == int(expected.sum()) > 0
+    assert tu.get(td, "policy_batch_num_tokens") == int(expected.sum()) > 0
     # the mask's metrics, and the PG term's denominator
     n_keep = float(expected.sum())
     assert metrics == {"actor/even_positions/kept": n_keep, "actor/policy_batch_num_tokens": n_keep}
@@ -264,7 +264,7 @@ def test_nothing_kept_gives_a_finite_zero_loss_attached_to_the_graph():
     td, padded, _ = _mini_batch(seed=2)
     config = _actor_config(token_mask="nothing")
     apply_policy_token_mask(config, td)
-    assert tu.get(td, losses.POLICY_BATCH_NUM_TOKENS_KEY) == 0
+    assert tu.get(td, "policy_batch_num_tokens") == 0
     loss, grad, metrics = _loss(config, td, padded)
     assert loss.item() == 0.0 and torch.count_nonzero(grad) == 0
     assert all(math.isfinite(float(value)) for value in metrics.values())
@@ -285,5 +285,5 @@ def test_the_kept_count_is_summed_over_the_data_parallel_group(monkeypatch):
     td, _, rm = _mini_batch()
     metrics = apply_policy_token_mask(_actor_config(token_mask=MASK), td, dp_group="dp")
     local = int((rm & (torch.arange(T) % 2 == 0)).sum())
-    assert tu.get(td, losses.POLICY_BATCH_NUM_TOKENS_KEY) == local + 5 and calls == ["dp"]
+    assert tu.get(td, "policy_batch_num_tokens") == local + 5 and calls == ["dp"]
     assert metrics["actor/policy_batch_num_tokens"] == local + 5

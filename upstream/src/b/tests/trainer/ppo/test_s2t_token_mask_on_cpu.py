@@ -27,7 +27,7 @@ import verl
 from verl.trainer.ppo.core_algos import get_policy_loss_fn, get_policy_token_mask
 from verl.utils import tensordict_utils as tu
 from verl.workers.config import ActorConfig, PolicyLossConfig
-from verl.workers.utils.losses import POLICY_LOSS_MASK_KEY, apply_policy_token_mask, ppo_loss
+from verl.workers.utils.losses import apply_policy_token_mask, ppo_loss
 
 CONFIG_DIR = Path(verl.__file__).parent / "trainer" / "config"
 
@@ -93,8 +93,9 @@ def _closed_form_batch():
 
 
 def test_s2t_is_registered_with_the_fields_it_reads():
-    mask = get_policy_token_mask("s2t")
-    assert mask.required_fields == ("old_log_probs", "entropy", "advantages", "response_mask")
+    fn, required_fields = get_policy_token_mask("s2t")
+    assert fn.__name__ == "compute_s2t_token_mask"
+    assert required_fields == ("old_log_probs", "entropy", "advantages", "response_mask")
 
 
 def test_closed_form_loss_and_gradient_with_vanilla():
@@ -102,7 +103,7 @@ def test_closed_form_loss_and_gradient_with_vanilla():
     td = _mini_batch(old, entropy, advantages, response_mask)
     config = _actor_config()
     metrics = apply_policy_token_mask(config, td)
-    assert td[POLICY_LOSS_MASK_KEY].to_padded_tensor(0).tolist() == [[0, 1, 0, 1], [1, 1, 1, 0]]
+    assert td["policy_loss_mask"].to_padded_tensor(0).tolist() == [[0, 1, 0, 1], [1, 1, 1, 0]]
     assert tu.get(td, "policy_batch_num_tokens") == 5
     assert metrics["actor/stapo/tau_h"] == pytest.approx(0.7)
     assert metrics["actor/stapo/num_masked"] == 2 and metrics["actor/stapo/num_candidates"] == 3
@@ -126,7 +127,7 @@ def test_s2t_in_front_of_cispo_is_cispo_on_the_kept_tokens():
     td = _mini_batch(old, entropy, advantages, response_mask)
     config = _actor_config("cispo")
     metrics = apply_policy_token_mask(config, td)
-    keep = td[POLICY_LOSS_MASK_KEY].to_padded_tensor(0).bool()
+    keep = td["policy_loss_mask"].to_padded_tensor(0).bool()
     assert metrics["actor/stapo/num_masked"] == int((response_mask & ~keep).sum()) > 0
     loss, grad = _loss(config, td, log_prob)
     oracle_config = _actor_config("cispo", token_mask=None)
@@ -160,16 +161,10 @@ def test_s2t_keys_default_to_the_paper_and_are_validated_only_when_a_mask_is_sel
     assert (config.s2t_tau_p, config.s2t_entropy_quantile) == (0.002, 0.75)
     assert PolicyLossConfig(s2t_tau_p=0.0, s2t_entropy_quantile=2.0).s2t_tau_p == 0.0  # no mask: not checked
     assert PolicyLossConfig(token_mask="s2t", s2t_tau_p=0.5, s2t_entropy_quantile=1.0).s2t_entropy_quantile == 1.0
-    for bad, allowed in (
-        (dict(s2t_tau_p=0.0), r"s2t_tau_p must be in \(0, 1\)"),
-        (dict(s2t_tau_p=1.0), r"s2t_tau_p must be in \(0, 1\)"),
-        (dict(s2t_tau_p=-0.1), r"s2t_tau_p must be in \(0, 1\)"),
-        (dict(s2t_entropy_quantile=0.0), r"s2t_entropy_quantile must be in \(0, 1\]"),
-        (dict(s2t_entropy_quantile=1.5), r"s2t_entropy_quantile must be in \(0, 1\]"),
-    ):
-        ((key, value),) = bad.items()
-        with pytest.raises(ValueError, match=rf"policy_loss\.{allowed} when token_mask is set, got {value}"):
-            PolicyLossConfig(token_mask="s2t", **bad)
+    allowed = r"token_mask needs policy_loss\.s2t_tau_p in \(0, 1\) and s2t_entropy_quantile in \(0, 1\], got "
+    for tau_p, quantile in ((0.0, 0.75), (1.0, 0.75), (-0.1, 0.75), (0.002, 0.0), (0.002, 1.5)):
+        with pytest.raises(ValueError, match=rf"^{allowed}{tau_p} and {quantile}$"):
+            PolicyLossConfig(token_mask="s2t", s2t_tau_p=tau_p, s2t_entropy_quantile=quantile)
 
 
 def test_actor_yaml_declares_the_s2t_keys():
