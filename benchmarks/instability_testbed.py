@@ -51,15 +51,21 @@ Usage::
     python benchmarks/instability_testbed.py --confirm lr4e-4           # a qualifying candidate, vanilla, seeds 1-5
 
 Runs go to ``OUT/<candidate>/seed<s>/vanilla`` (default ``outputs/instability``); a finished run is not run again, so
-an interrupted search continues with the same command. ``OUT/search.md`` and ``OUT/search.json`` hold the table;
+an interrupted search continues with the same command. A finished comparison run is also kept in the repository,
+``benchmarks/results/instability/<candidate>/<arm>_seed<s>.json`` (the metrics the tables read, a digest of all of
+them, the CPU type), because ``outputs/`` does not outlive a clone: ``--compare`` reuses a kept run made on the same
+CPU type (a run is reproducible on one CPU type, not across types) instead of running it again. ``--rerun ARM:SEED``
+runs a kept run again and prints how many of its values differ. ``OUT/search.md`` and ``OUT/search.json`` hold the table;
 ``--confirm`` reuses the search's seeds 1-2 and writes ``OUT/confirm_<candidate>.md`` / ``.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import platform
 import shlex
 import statistics
 import sys
@@ -94,6 +100,11 @@ COLLAPSE_Z_THRESHOLD = 4.0
 GRAD_SHARE_KEY = "actor/stapo/silenced_grad_share"
 #: a qualifying candidate's confirmation: this many vanilla seeds, of which at least CONFIRM_FAILS must fail
 CONFIRM_SEEDS, CONFIRM_FAILS = 5, 3
+#: finished comparison runs kept in the repository, and the metrics kept of each step (what the tables read)
+STORE = REPO / "benchmarks" / "results" / "instability"
+STORED_KEYS = (VAL_KEY, ENTROPY_KEY, LM_HEAD_KEY, *COLLAPSE_Z_KEYS, GRAD_SHARE_KEY)
+#: the CPU features the kernels (and so a seeded run) depend on
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 @dataclass(frozen=True)
@@ -378,6 +389,75 @@ def run_row(cand: Candidate, seed: int, metrics: dict[int, dict]) -> dict:
             "grad_share_mean": statistics.fmean(share) if share else None}
 
 
+def cpu_type(cpuinfo: str | None = None) -> str:
+    """The CPU type a run's numbers hold for: ``/proc/cpuinfo``'s model name, family and model, and which of
+    :data:`CPU_FLAGS` it has (e.g. ``"AMD EPYC family 25 model 17 avx2 avx512f avx512_bf16"``); ``platform``'s
+    processor name where there is no ``/proc/cpuinfo``."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        if not path.exists():
+            return platform.processor() or platform.machine()
+        cpuinfo = path.read_text()
+    fields = {}
+    for line in cpuinfo.split("\n\n")[0].splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    flags = set(fields.get("flags", "").split())
+    return " ".join([fields.get("model name", "?"), "family", fields.get("cpu family", "?"), "model",
+                     fields.get("model", "?"), *[f for f in CPU_FLAGS if f in flags]])
+
+
+def metrics_digest(metrics: dict[int, dict]) -> str:
+    """sha256 of every reproducible metric of a run (``{step: {key: value}}``; not time, speed or memory:
+    :func:`stapo_verl.diagnostics.reproducibility.reproducible`), in a canonical JSON form."""
+    from stapo_verl.diagnostics.reproducibility import reproducible
+
+    kept = reproducible(metrics)
+    text = json.dumps({str(k): kept[k] for k in sorted(kept)}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def stored_path(store: Path, cand: Candidate, arm: str, seed: int) -> Path:
+    """Where :func:`store_run` keeps one run: ``store/<candidate>/<arm>_seed<seed>.json``."""
+    return store / cand.name / f"{arm}_seed{seed}.json"
+
+
+def store_run(store: Path, cand: Candidate, arm: str, seed: int, metrics: dict[int, dict], cpu: str) -> Path:
+    """Keep a finished run: per step the :data:`STORED_KEYS` it has, :func:`metrics_digest` of all its metrics and
+    the CPU type. Returns the file written."""
+    path = stored_path(store, cand, arm, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = {str(s): {k: metrics[s][k] for k in STORED_KEYS if k in metrics[s]} for s in sorted(metrics)}
+    record = {"candidate": cand.name, "arm": arm, "seed": seed, "steps": cand.steps, "cpu": cpu,
+              "digest": metrics_digest(metrics), "metrics": {s: m for s, m in kept.items() if m}}
+    path.write_text(json.dumps(record, indent=0, sort_keys=True) + "\n")
+    return path
+
+
+def load_stored(store: Path, cand: Candidate, arm: str, seed: int, cpu: str) -> dict | None:
+    """The record :func:`store_run` kept of this run on this CPU type (its ``metrics`` as ``{step: {key: value}}``),
+    or None (not kept, or kept from another CPU type or another number of steps)."""
+    path = stored_path(store, cand, arm, seed)
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    if record["cpu"] != cpu or record["steps"] != cand.steps:
+        return None
+    record["metrics"] = {int(s): m for s, m in record["metrics"].items()}
+    return record
+
+
+def differing_values(kept: dict[int, dict], metrics: dict[int, dict]) -> tuple[int, int]:
+    """``(differing, compared)``: how many of the kept values (``{step: {key: value}}``) a new run's metrics do not
+    reproduce exactly (a value missing from the new run counts as differing)."""
+    compared = differing = 0
+    for step, values in kept.items():
+        for key, value in values.items():
+            compared += 1
+            differing += metrics.get(step, {}).get(key, object()) != value
+    return differing, compared
+
+
 def compare(a, known: list[str]) -> int:
     """``--compare``: the arms in a confirmed testbed (pre-registered comparison); writes ``compare_<cand>.md``."""
     if a.compare not in known:
@@ -387,30 +467,58 @@ def compare(a, known: list[str]) -> int:
         raise SystemExit(f"--arms: unknown arm(s) {unknown}; known: {list(TESTBED_ARMS)}")
     arms = ["vanilla", *[x for x in arms if x != "vanilla"]]
     cand = next(c for c in CANDIDATES if c.name == a.compare)
-    seeds, out = list(range(1, a.seeds + 1)), a.out.resolve()
+    seeds, out, store, cpu = list(range(1, a.seeds + 1)), a.out.resolve(), a.store.resolve(), cpu_type()
     plan = compare_plan(out, cand, arms, seeds)
+    rerun = None
+    if a.rerun:
+        arm, _, seed = a.rerun.partition(":")
+        rerun = (arm, int(seed) if seed.isdigit() else -1)
+        plan = [p for p in plan if (p[0], p[1]) == rerun]
+        if not plan or load_stored(store, cand, *rerun, cpu) is None:
+            raise SystemExit(f"--rerun {a.rerun}: no run kept of that arm and seed on this CPU type ({cpu}) in {store}")
     if a.dry:
         for _, _, _, env, cmd in plan:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(cmd))
         return 0
     t0 = time.time()
     for k, (arm, s, run_dir, env, cmd) in enumerate(plan, 1):
-        if a.report or pc.run_done(run_dir, cand.steps):
+        if rerun is not None:
+            run_dir = out / "rerun" / cand.name / f"seed{s}" / arm
+        elif a.report or pc.run_done(run_dir, cand.steps) or load_stored(store, cand, arm, s, cpu) is not None:
             continue
         print(f"[instability] compare {k}/{len(plan)} {arm} seed {s} ({time.time() - t0:.0f} s so far)", flush=True)
         started = time.time()
         rc = pc.run_logged(cmd, env, run_dir)
         print(f"[instability] {arm} seed {s}: exit {rc} in {time.time() - started:.0f} s", flush=True)
+        if rerun is not None:
+            metrics = pc.read_metrics(run_dir / "metrics.jsonl") if pc.run_done(run_dir, cand.steps) else {}
+            kept = load_stored(store, cand, arm, s, cpu)
+            differing, compared = differing_values(kept["metrics"], metrics)
+            same = metrics_digest(metrics) == kept["digest"]
+            print(f"[instability] rerun of {arm} seed {s}: {differing} of {compared} kept values differ; every metric "
+                  f"{'identical' if same else 'NOT identical'} (digest)", flush=True)
+            return 0 if same and not differing else 1
     rows: dict[str, dict[int, dict]] = {}
     for arm, s, run_dir, _, _ in plan:
+        kept = load_stored(store, cand, arm, s, cpu)
         if pc.run_done(run_dir, cand.steps):
-            rows.setdefault(arm, {})[s] = run_row(cand, s, pc.read_metrics(run_dir / "metrics.jsonl"))
+            metrics = pc.read_metrics(run_dir / "metrics.jsonl")
+            if kept is not None and kept["digest"] != metrics_digest(metrics):
+                print(f"[instability] {arm} seed {s}: this run's metrics differ from the kept run's "
+                      f"({stored_path(store, cand, arm, s)}); the kept one is replaced", flush=True)
+            if kept is None or kept["digest"] != metrics_digest(metrics):
+                store_run(store, cand, arm, s, metrics, cpu)
+        elif kept is not None:
+            metrics = kept["metrics"]
+        else:
+            continue
+        rows.setdefault(arm, {})[s] = run_row(cand, s, metrics)
     text = "\n".join([f"# Comparison in {cand.name} ({cand.about}, {cand.steps} steps), seeds 1-{a.seeds}", "",
                       compare_table(rows, arms, seeds), "", "Secondary measures:", "",
                       secondary_table(rows, arms, seeds), "",
                       "Arms: " + "; ".join(f"`{x}` = {TESTBED_ARMS[x].about}" for x in arms) + ".", "",
                       f"Figures: `compare_{cand.name}_val_accuracy.png`, `compare_{cand.name}_entropy.png`.", "",
-                      f"Command: `python benchmarks/instability_testbed.py {shlex.join(sys.argv[1:])}`"])
+                      f"CPU: {cpu}. Command: `python benchmarks/instability_testbed.py {shlex.join(sys.argv[1:])}`"])
     compare_figures(rows, arms, out, f"compare_{cand.name}")
     (out / f"compare_{cand.name}.md").write_text(text + "\n")
     (out / f"compare_{cand.name}.json").write_text(json.dumps(rows, indent=1, default=str))
@@ -432,6 +540,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "instability")
     ap.add_argument("--dry", action="store_true", help="print the commands and exit")
     ap.add_argument("--report", action="store_true", help="--compare: write the table of the finished runs only")
+    ap.add_argument("--store", type=Path, default=STORE, help="--compare: where finished runs are kept (committed)")
+    ap.add_argument("--rerun", default=None, metavar="ARM:SEED",
+                    help="--compare: run a kept run again (under OUT/rerun) and count the values that differ")
     a = ap.parse_args(argv)
     if sum(map(bool, (a.search, a.confirm, a.compare))) != 1:
         ap.error("say one of --search, --confirm CANDIDATE or --compare CANDIDATE")

@@ -11,6 +11,8 @@ import pytest
 
 from support.procs import REPO
 
+from stapo_verl.diagnostics.reproducibility import reproducible  # noqa: F401  (re-exported for the e2e tests)
+
 #: Hydra overrides that shrink the tiny run for tests: 8 prompts x 4 samples a step, 32 validation rows, n = 1.
 SMALL = [
     "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
@@ -85,16 +87,6 @@ def check_mask_and_denominator(m: dict[int, dict]) -> None:
     for step in m:
         check_denominator(m[step])
         check_silenced_grad_share(m[step])
-
-
-#: metrics that measure time, speed or memory (they differ between two runs of one command); every other key must not
-NON_REPRODUCIBLE = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", "perf/time_per_step",
-                    "actor/perf/")
-
-
-def reproducible(m: dict[int, dict]) -> dict[int, dict]:
-    """``metrics_by_step`` output without the keys of :data:`NON_REPRODUCIBLE`."""
-    return {step: {k: v for k, v in data.items() if not k.startswith(NON_REPRODUCIBLE)} for step, data in m.items()}
 
 
 def recipe_process(script: str, run_dir: Path, *overrides: str, log: Path, **env: str) -> subprocess.Popen:

@@ -144,3 +144,48 @@ def test_the_secondary_measures_count_warnings_before_the_onset_and_the_silenced
     table = tb.secondary_table({"stapo": {1: row, 2: quiet}}, ["vanilla", "stapo"], [1, 2]).splitlines()
     assert len(table) == 3  # vanilla has no runs: no line
     assert table[2].split(" | ")[2:] == ["1 of 2", "1 of 1 (8)", "0.3000 |"]
+
+
+INTEL = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile
+
+processor\t: 1
+model name\t: ignored
+"""
+
+
+def test_the_cpu_type_names_the_model_and_the_kernel_flags(tb):
+    assert tb.cpu_type(INTEL) == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz family 6 model 143 avx2 avx512f " \
+                                 "avx512_bf16 amx_bf16"
+    amd = INTEL.replace("amx_bf16 amx_tile", "").replace("Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz", "AMD EPYC")
+    assert tb.cpu_type(amd.replace("\t: 6", "\t: 25").replace("143", "17")) == \
+        "AMD EPYC family 25 model 17 avx2 avx512f avx512_bf16"
+
+
+def test_a_kept_run_is_reused_only_on_its_cpu_type_and_a_rerun_counts_the_values_that_differ(tb, tmp_path):
+    cand = next(c for c in tb.CANDIDATES if c.name == "lr4e-4")
+    metrics = _metrics(tb, val={0: 0.55, 10: 0.70}, ent={1: 0.5, 2: 0.4}, lm={1: 1.0, 2: 1.5})
+    metrics[1].update({"timing_s/step": 9.0, "actor/pg_loss": 0.25, tb.GRAD_SHARE_KEY: 0.1})
+    path = tb.store_run(tmp_path, cand, "stapo", 3, metrics, "cpu A")
+    assert path == tmp_path / "lr4e-4" / "stapo_seed3.json"
+    assert tb.load_stored(tmp_path, cand, "stapo", 3, "cpu B") is None  # another CPU type: not the same run
+    assert tb.load_stored(tmp_path, cand, "stapo", 4, "cpu A") is None
+    kept = tb.load_stored(tmp_path, cand, "stapo", 3, "cpu A")
+    # the tables' keys are kept (the loss is not), and the row computed from them equals the full run's
+    assert kept["metrics"][1] == {tb.ENTROPY_KEY: 0.5, tb.LM_HEAD_KEY: 1.0, tb.GRAD_SHARE_KEY: 0.1}
+    assert tb.run_row(cand, 3, kept["metrics"]) == tb.run_row(cand, 3, metrics)
+    # time is not part of the digest; a loss is
+    slower = {s: dict(m) for s, m in metrics.items()}
+    slower[1]["timing_s/step"] = 12.0
+    assert tb.metrics_digest(slower) == kept["digest"]
+    slower[1]["actor/pg_loss"] = 0.26
+    assert tb.metrics_digest(slower) != kept["digest"]
+    assert tb.differing_values(kept["metrics"], metrics) == (0, 7)
+    changed = {s: dict(m) for s, m in metrics.items()}
+    changed[2][tb.ENTROPY_KEY] = 0.41
+    del changed[10]
+    assert tb.differing_values(kept["metrics"], changed) == (2, 7)

@@ -1,4 +1,4 @@
-"""The policy-token-mask registry: registration, lookup, duplicates."""
+"""The policy-token-mask registry: registration, lookup, re-registration."""
 
 import pytest
 
@@ -9,10 +9,11 @@ from stapo_verl.core.registry import get_policy_token_mask, register_policy_toke
 
 def test_the_plugin_registers_its_masks_with_their_fields():
     assert set(TOKEN_MASKS) <= set(registry.POLICY_TOKEN_MASK_REGISTRY)
-    s2t = get_policy_token_mask("s2t")
-    assert s2t.required_fields == ("old_log_probs", "entropy", "advantages", "response_mask")
-    assert get_policy_token_mask("s2t_random").required_fields[-2:] == ("global_steps", "mini_batch_index")
-    assert get_policy_token_mask("top_entropy").required_fields == ("entropy", "response_mask")
+    fn, fields = get_policy_token_mask("s2t")
+    assert fn.__name__ == "compute_s2t_token_mask"
+    assert fields == ("old_log_probs", "entropy", "advantages", "response_mask")
+    assert get_policy_token_mask("s2t_random")[1][-2:] == ("global_steps", "mini_batch_index")
+    assert get_policy_token_mask("top_entropy")[1] == ("entropy", "response_mask")
 
 
 def test_unknown_name_lists_the_registered_ones():
@@ -20,14 +21,13 @@ def test_unknown_name_lists_the_registered_ones():
         get_policy_token_mask("nope")
 
 
-def test_a_name_cannot_be_taken_by_another_function(monkeypatch):
+def test_registering_a_name_again_replaces_it_as_register_policy_loss_does(monkeypatch):
     monkeypatch.setattr(registry, "POLICY_TOKEN_MASK_REGISTRY", dict(registry.POLICY_TOKEN_MASK_REGISTRY))
 
     def my_mask(batch, config, dp_group=None):
         return batch["response_mask"].bool(), {}
 
     assert register_policy_token_mask("mine", required_fields=("response_mask",))(my_mask) is my_mask
-    register_policy_token_mask("mine", required_fields=("response_mask",))(my_mask)  # same function: idempotent
-    with pytest.raises(ValueError, match="'s2t' is already registered"):
-        register_policy_token_mask("s2t", required_fields=("response_mask",))(my_mask)
-    assert registry.POLICY_TOKEN_MASK_REGISTRY["mine"].fn is my_mask
+    assert registry.POLICY_TOKEN_MASK_REGISTRY["mine"] == (my_mask, ("response_mask",))
+    register_policy_token_mask("mine", required_fields=["response_mask", "advantages"])(my_mask)
+    assert get_policy_token_mask("mine") == (my_mask, ("response_mask", "advantages"))
