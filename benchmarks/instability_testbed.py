@@ -65,6 +65,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import platform
 import shlex
 import statistics
@@ -266,10 +267,12 @@ def compare_table(rows: dict[str, dict[int, dict]], arms: list[str], seeds: list
 def secondary_table(rows: dict[str, dict[int, dict]], arms: list[str], seeds: list[int]) -> str:
     """Markdown of the comparison's secondary measures per arm (``rows[arm][seed]``: :func:`run_row`): LM-head
     gradient norm peak over median (mean over seeds), collapse warnings fired (runs with one / runs), failed runs
-    warned before their onset with the median lead in steps, and the mean silenced gradient share."""
+    warned before their onset with the median lead in steps, the mean silenced gradient share, and the mean rate of
+    sampled tokens with p < 1e-4 at the last checkpoint (``garbage_rate``; runs without one are left out)."""
     lines = ["| arm | LM-head grad norm, peak / median (mean) | runs with a collapse warning | failed runs warned "
-             "before the onset (median lead, steps) | silenced gradient share (mean over steps and seeds) |",
-             "|---|---|---|---|---|"]
+             "before the onset (median lead, steps) | silenced gradient share (mean over steps and seeds) | "
+             f"sampled tokens with p < {pc.GARBAGE_P:g}, last checkpoint (mean rate, runs) |",
+             "|---|---|---|---|---|---|"]
     for arm in arms:
         done = [rows[arm][s] for s in seeds if s in rows.get(arm, {})]
         if not done:
@@ -279,10 +282,12 @@ def secondary_table(rows: dict[str, dict[int, dict]], arms: list[str], seeds: li
         shares = [r["grad_share_mean"] for r in done if r["grad_share_mean"] is not None]
         peak = [r["lm_peak_over_median"] for r in done if not math.isnan(r["lm_peak_over_median"])]
         peak_cell = f"{statistics.fmean(peak):.2f}" if peak else "—"
+        garbage = [r["garbage_rate"] for r in done if r.get("garbage_rate") is not None]
+        garbage_cell = f"{statistics.fmean(garbage):.2e} ({len(garbage)})" if garbage else "—"
         lines.append(f"| {arm} | {peak_cell} | {sum(bool(r['warnings']) for r in done)} of "
                      f"{len(done)} | {len(leads)} of {len(failed)}"
                      + (f" ({statistics.median(leads):g})" if leads else "") + " | "
-                     + (f"{statistics.fmean(shares):.4f}" if shares else "—") + " |")
+                     + (f"{statistics.fmean(shares):.4f}" if shares else "—") + f" | {garbage_cell} |")
     return "\n".join(lines)
 
 
@@ -422,14 +427,17 @@ def stored_path(store: Path, cand: Candidate, arm: str, seed: int) -> Path:
     return store / cand.name / f"{arm}_seed{seed}.json"
 
 
-def store_run(store: Path, cand: Candidate, arm: str, seed: int, metrics: dict[int, dict], cpu: str) -> Path:
-    """Keep a finished run: per step the :data:`STORED_KEYS` it has, :func:`metrics_digest` of all its metrics and
-    the CPU type. Returns the file written."""
+def store_run(store: Path, cand: Candidate, arm: str, seed: int, metrics: dict[int, dict], cpu: str,
+              garbage: dict | None = None) -> Path:
+    """Keep a finished run: per step the :data:`STORED_KEYS` it has, :func:`metrics_digest` of all its metrics, the
+    CPU type and ``garbage`` (:func:`paired_comparison.garbage_rate` of its last checkpoint, or None). Returns the
+    file written."""
     path = stored_path(store, cand, arm, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     kept = {str(s): {k: metrics[s][k] for k in STORED_KEYS if k in metrics[s]} for s in sorted(metrics)}
     record = {"candidate": cand.name, "arm": arm, "seed": seed, "steps": cand.steps, "cpu": cpu,
-              "digest": metrics_digest(metrics), "metrics": {s: m for s, m in kept.items() if m}}
+              "digest": metrics_digest(metrics), "garbage_rate": garbage,
+              "metrics": {s: m for s, m in kept.items() if m}}
     path.write_text(json.dumps(record, indent=0, sort_keys=True) + "\n")
     return path
 
@@ -456,6 +464,20 @@ def differing_values(kept: dict[int, dict], metrics: dict[int, dict]) -> tuple[i
             compared += 1
             differing += metrics.get(step, {}).get(key, object()) != value
     return differing, compared
+
+
+def last_checkpoint_garbage(run_dir: Path, assets: Path, *, seed: int, steps: int, prompts: int) -> dict | None:
+    """:func:`paired_comparison.garbage_rate` of a finished run's last checkpoint (one thread, so the number does not
+    depend on the machine's load), cached in ``run_dir/garbage_rate.json``; None when the checkpoint is gone."""
+    cache = run_dir / "garbage_rate.json"
+    if not cache.exists():
+        if not (run_dir / "ckpt" / f"global_step_{steps}" / "actor").exists():
+            return None
+        import torch
+
+        torch.set_num_threads(1)
+        cache.write_text(json.dumps(pc.garbage_rate(run_dir, assets, seed=seed, step=steps, prompts=prompts)))
+    return json.loads(cache.read_text())
 
 
 def compare(a, known: list[str]) -> int:
@@ -501,18 +523,21 @@ def compare(a, known: list[str]) -> int:
     rows: dict[str, dict[int, dict]] = {}
     for arm, s, run_dir, _, _ in plan:
         kept = load_stored(store, cand, arm, s, cpu)
+        garbage = kept.get("garbage_rate") if kept is not None else None
         if pc.run_done(run_dir, cand.steps):
             metrics = pc.read_metrics(run_dir / "metrics.jsonl")
+            garbage = last_checkpoint_garbage(run_dir, a.assets, seed=s, steps=cand.steps, prompts=a.garbage_prompts)
             if kept is not None and kept["digest"] != metrics_digest(metrics):
                 print(f"[instability] {arm} seed {s}: this run's metrics differ from the kept run's "
                       f"({stored_path(store, cand, arm, s)}); the kept one is replaced", flush=True)
-            if kept is None or kept["digest"] != metrics_digest(metrics):
-                store_run(store, cand, arm, s, metrics, cpu)
+            if kept is None or kept["digest"] != metrics_digest(metrics) or kept.get("garbage_rate") != garbage:
+                store_run(store, cand, arm, s, metrics, cpu, garbage)
         elif kept is not None:
             metrics = kept["metrics"]
         else:
             continue
-        rows.setdefault(arm, {})[s] = run_row(cand, s, metrics)
+        rows.setdefault(arm, {})[s] = {**run_row(cand, s, metrics),
+                                       "garbage_rate": None if garbage is None else garbage["rate"]}
     text = "\n".join([f"# Comparison in {cand.name} ({cand.about}, {cand.steps} steps), seeds 1-{a.seeds}", "",
                       compare_table(rows, arms, seeds), "", "Secondary measures:", "",
                       secondary_table(rows, arms, seeds), "",
@@ -541,6 +566,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dry", action="store_true", help="print the commands and exit")
     ap.add_argument("--report", action="store_true", help="--compare: write the table of the finished runs only")
     ap.add_argument("--store", type=Path, default=STORE, help="--compare: where finished runs are kept (committed)")
+    ap.add_argument("--garbage-prompts", type=int, default=256,
+                    help=f"--compare: validation prompts of the p < {pc.GARBAGE_P:g} rate at the last checkpoint")
+    ap.add_argument("--assets", type=Path, default=Path(os.environ.get("STAPO_ASSETS") or
+                                                        Path.home() / ".cache" / "stapo_verl" / "tiny"))
     ap.add_argument("--rerun", default=None, metavar="ARM:SEED",
                     help="--compare: run a kept run again (under OUT/rerun) and count the values that differ")
     a = ap.parse_args(argv)

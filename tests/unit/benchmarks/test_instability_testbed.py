@@ -143,7 +143,11 @@ def test_the_secondary_measures_count_warnings_before_the_onset_and_the_silenced
     assert (quiet["warnings"], quiet["lead"], quiet["grad_share_mean"]) == ([], None, None)
     table = tb.secondary_table({"stapo": {1: row, 2: quiet}}, ["vanilla", "stapo"], [1, 2]).splitlines()
     assert len(table) == 3  # vanilla has no runs: no line
-    assert table[2].split(" | ")[2:] == ["1 of 2", "1 of 1 (8)", "0.3000 |"]
+    assert table[2].split(" | ")[2:] == ["1 of 2", "1 of 1 (8)", "0.3000", "— |"]
+    # the p < 1e-4 rate at the last checkpoint: the mean over the runs that have one
+    rows = {"stapo": {1: {**row, "garbage_rate": 2e-4}, 2: {**quiet, "garbage_rate": 4e-4}, 3: {**quiet}}}
+    table = tb.secondary_table(rows, ["stapo"], [1, 2, 3]).splitlines()
+    assert table[2].split(" | ")[-1] == "3.00e-04 (2) |"
 
 
 INTEL = """processor\t: 0
@@ -170,11 +174,12 @@ def test_a_kept_run_is_reused_only_on_its_cpu_type_and_a_rerun_counts_the_values
     cand = next(c for c in tb.CANDIDATES if c.name == "lr4e-4")
     metrics = _metrics(tb, val={0: 0.55, 10: 0.70}, ent={1: 0.5, 2: 0.4}, lm={1: 1.0, 2: 1.5})
     metrics[1].update({"timing_s/step": 9.0, "actor/pg_loss": 0.25, tb.GRAD_SHARE_KEY: 0.1})
-    path = tb.store_run(tmp_path, cand, "stapo", 3, metrics, "cpu A")
+    path = tb.store_run(tmp_path, cand, "stapo", 3, metrics, "cpu A", {"rate": 0.001, "tokens": 1000})
     assert path == tmp_path / "lr4e-4" / "stapo_seed3.json"
     assert tb.load_stored(tmp_path, cand, "stapo", 3, "cpu B") is None  # another CPU type: not the same run
     assert tb.load_stored(tmp_path, cand, "stapo", 4, "cpu A") is None
     kept = tb.load_stored(tmp_path, cand, "stapo", 3, "cpu A")
+    assert kept["garbage_rate"] == {"rate": 0.001, "tokens": 1000}
     # the tables' keys are kept (the loss is not), and the row computed from them equals the full run's
     assert kept["metrics"][1] == {tb.ENTROPY_KEY: 0.5, tb.LM_HEAD_KEY: 1.0, tb.GRAD_SHARE_KEY: 0.1}
     assert tb.run_row(cand, 3, kept["metrics"]) == tb.run_row(cand, 3, metrics)
@@ -189,3 +194,10 @@ def test_a_kept_run_is_reused_only_on_its_cpu_type_and_a_rerun_counts_the_values
     changed[2][tb.ENTROPY_KEY] = 0.41
     del changed[10]
     assert tb.differing_values(kept["metrics"], changed) == (2, 7)
+
+
+def test_the_last_checkpoints_rate_is_cached_and_none_without_a_checkpoint(tb, tmp_path):
+    assert tb.last_checkpoint_garbage(tmp_path, tmp_path / "assets", seed=1, steps=100, prompts=8) is None
+    (tmp_path / "garbage_rate.json").write_text('{"rate": 0.002, "tokens": 500}')
+    assert tb.last_checkpoint_garbage(tmp_path, tmp_path / "assets", seed=1, steps=100, prompts=8) == \
+        {"rate": 0.002, "tokens": 500}
