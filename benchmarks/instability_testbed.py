@@ -480,6 +480,23 @@ def last_checkpoint_garbage(run_dir: Path, assets: Path, *, seed: int, steps: in
     return json.loads(cache.read_text())
 
 
+def keep_finished(a, store: Path, cand: Candidate, arm: str, seed: int, run_dir: Path, cpu: str) -> dict | None:
+    """The kept record of one comparison run (:func:`load_stored`), first (re)written from ``run_dir`` when that
+    holds a finished run the store lacks or holds otherwise (with its last checkpoint's p < 1e-4 rate); None when
+    the run is neither finished nor kept."""
+    kept = load_stored(store, cand, arm, seed, cpu)
+    if not pc.run_done(run_dir, cand.steps):
+        return kept
+    metrics = pc.read_metrics(run_dir / "metrics.jsonl")
+    garbage = last_checkpoint_garbage(run_dir, a.assets, seed=seed, steps=cand.steps, prompts=a.garbage_prompts)
+    if kept is not None and kept["digest"] != metrics_digest(metrics):
+        print(f"[instability] {arm} seed {seed}: this run's metrics differ from the kept run's "
+              f"({stored_path(store, cand, arm, seed)}); the kept one is replaced", flush=True)
+    if kept is None or kept["digest"] != metrics_digest(metrics) or kept.get("garbage_rate") != garbage:
+        store_run(store, cand, arm, seed, metrics, cpu, garbage)
+    return load_stored(store, cand, arm, seed, cpu)
+
+
 def compare(a, known: list[str]) -> int:
     """``--compare``: the arms in a confirmed testbed (pre-registered comparison); writes ``compare_<cand>.md``."""
     if a.compare not in known:
@@ -512,7 +529,9 @@ def compare(a, known: list[str]) -> int:
         started = time.time()
         rc = pc.run_logged(cmd, env, run_dir)
         print(f"[instability] {arm} seed {s}: exit {rc} in {time.time() - started:.0f} s", flush=True)
-        if rerun is not None:
+        if rerun is None:
+            keep_finished(a, store, cand, arm, s, run_dir, cpu)  # at once: outputs/ does not outlive the clone
+        else:
             metrics = pc.read_metrics(run_dir / "metrics.jsonl") if pc.run_done(run_dir, cand.steps) else {}
             kept = load_stored(store, cand, arm, s, cpu)
             differing, compared = differing_values(kept["metrics"], metrics)
@@ -522,22 +541,11 @@ def compare(a, known: list[str]) -> int:
             return 0 if same and not differing else 1
     rows: dict[str, dict[int, dict]] = {}
     for arm, s, run_dir, _, _ in plan:
-        kept = load_stored(store, cand, arm, s, cpu)
-        garbage = kept.get("garbage_rate") if kept is not None else None
-        if pc.run_done(run_dir, cand.steps):
-            metrics = pc.read_metrics(run_dir / "metrics.jsonl")
-            garbage = last_checkpoint_garbage(run_dir, a.assets, seed=s, steps=cand.steps, prompts=a.garbage_prompts)
-            if kept is not None and kept["digest"] != metrics_digest(metrics):
-                print(f"[instability] {arm} seed {s}: this run's metrics differ from the kept run's "
-                      f"({stored_path(store, cand, arm, s)}); the kept one is replaced", flush=True)
-            if kept is None or kept["digest"] != metrics_digest(metrics) or kept.get("garbage_rate") != garbage:
-                store_run(store, cand, arm, s, metrics, cpu, garbage)
-        elif kept is not None:
-            metrics = kept["metrics"]
-        else:
-            continue
-        rows.setdefault(arm, {})[s] = {**run_row(cand, s, metrics),
-                                       "garbage_rate": None if garbage is None else garbage["rate"]}
+        kept = keep_finished(a, store, cand, arm, s, run_dir, cpu)
+        if kept is not None:
+            garbage = kept.get("garbage_rate")
+            rows.setdefault(arm, {})[s] = {**run_row(cand, s, kept["metrics"]),
+                                           "garbage_rate": None if garbage is None else garbage["rate"]}
     text = "\n".join([f"# Comparison in {cand.name} ({cand.about}, {cand.steps} steps), seeds 1-{a.seeds}", "",
                       compare_table(rows, arms, seeds), "", "Secondary measures:", "",
                       secondary_table(rows, arms, seeds), "",

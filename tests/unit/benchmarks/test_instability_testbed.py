@@ -201,3 +201,23 @@ def test_the_last_checkpoints_rate_is_cached_and_none_without_a_checkpoint(tb, t
     (tmp_path / "garbage_rate.json").write_text('{"rate": 0.002, "tokens": 500}')
     assert tb.last_checkpoint_garbage(tmp_path, tmp_path / "assets", seed=1, steps=100, prompts=8) == \
         {"rate": 0.002, "tokens": 500}
+
+
+def test_a_finished_run_is_kept_at_once_and_replaced_when_a_rerun_differs(tb, tmp_path, capsys):
+    import argparse
+    import json
+
+    cand = tb.Candidate("short", 2)
+    run_dir, store = tmp_path / "run", tmp_path / "store"
+    a = argparse.Namespace(assets=tmp_path / "assets", garbage_prompts=8)
+    assert tb.keep_finished(a, store, cand, "stapo", 1, run_dir, "cpu A") is None  # not run, not kept
+    run_dir.mkdir()
+    (run_dir / "wall.json").write_text('{"returncode": 0}')
+    lines = [{"step": 1, "data": {tb.ENTROPY_KEY: 0.5, "actor/pg_loss": 0.1}}, {"step": 2, "data": {tb.ENTROPY_KEY: 0.4}}]
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    kept = tb.keep_finished(a, store, cand, "stapo", 1, run_dir, "cpu A")
+    assert kept["metrics"] == {1: {tb.ENTROPY_KEY: 0.5}, 2: {tb.ENTROPY_KEY: 0.4}} and kept["garbage_rate"] is None
+    lines[0]["data"]["actor/pg_loss"] = 0.2
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert tb.keep_finished(a, store, cand, "stapo", 1, run_dir, "cpu A")["digest"] != kept["digest"]
+    assert "differ from the kept run's" in capsys.readouterr().out
