@@ -10,7 +10,8 @@ old implementation runs from ``git archive <old-ref>`` unpacked into a temporary
 each process, after the runner has started (start-up is not measured):
 
 * **latency**: median of 300 sequential calls of a trivial function (``abs``), in ms;
-* **respawn**: with one worker, a call that hangs (``time.sleep(10**6)``) is killed at a 0.5 s timeout; then the
+* **respawn**: with one worker, a call that hangs in one long C call (``math.factorial(10**9)``) is killed at a 0.5 s
+  timeout (CPU time now, wall-clock time before: the same for a call that has a core); then the
   time of the next trivial call, which needs the replacement worker, in ms (median of 5);
 * **throughput**: 1,000 calls from 8 threads on 2 workers, 1 % of them hanging (killed at 1 s), the rest burning
   about 2 ms (``sum(range(100_000))``); wall seconds.
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OLD_REF = "99f115e050a8a5f7960b6125373989b5fa8d0e23"
 
 TRIAL = r'''
-import json, statistics, sys, threading, time
+import json, math, statistics, sys, threading, time
 from stapo_verl.rewards.timeout import KillableRunner
 
 def timed(fn):
@@ -48,7 +49,7 @@ lat = [timed(lambda: runner.run(abs, -1)) for _ in range(300)]
 out["latency_ms"] = 1000 * statistics.median(lat)
 resp = []
 for _ in range(5):
-    res = runner.run(time.sleep, 10**6, timeout_s=0.5)
+    res = runner.run(math.factorial, 10**9, timeout_s=0.5)
     assert res.timed_out, res
     resp.append(timed(lambda: runner.run(abs, -1)))
 out["respawn_ms"] = 1000 * statistics.median(resp)
@@ -56,7 +57,7 @@ runner.close()
 
 runner = KillableRunner(timeout_s=1.0, max_workers=2)
 runner.run(abs, 1)
-jobs = [(time.sleep, 10**6) if i % 100 == 50 else (sum, range(100_000)) for i in range(1000)]
+jobs = [(math.factorial, 10**9) if i % 100 == 50 else (sum, range(100_000)) for i in range(1000)]
 lock, results = threading.Lock(), []
 def work(part):
     for fn, arg in part:

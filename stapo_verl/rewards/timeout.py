@@ -1,4 +1,4 @@
-"""Hard per-call wall-clock timeouts for reward scoring: a ``pebble.ProcessPool`` of killable worker processes.
+"""Hard per-call timeouts for reward scoring: a ``pebble.ProcessPool`` of killable worker processes.
 
 Why: a degenerate answer can make math-verify/sympy (or the regexes of verl's ``normalize_final_answer``) run for
 minutes: ``\\boxed{5^{5^{5^{5^{5}}}}}`` makes ``math_verify.verify`` evaluate a power tower
@@ -35,6 +35,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -42,8 +43,13 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-#: Default hard timeout per scored sample, in seconds (env ``STAPO_REWARD_TIMEOUT_S`` overrides).
+#: Default hard timeout per scored sample, in seconds of the worker's CPU time (env ``STAPO_REWARD_TIMEOUT_S``
+#: overrides).
 DEFAULT_TIMEOUT_S = 5.0
+#: The wall-clock backstop of a call whose CPU time is limited to ``timeout_s`` (a hang that uses no CPU, e.g. a
+#: blocking read): ``WALL_FACTOR * timeout_s + WALL_SLACK_S`` seconds, so a call that stays within its CPU time is not
+#: cut off unless the worker gets under a tenth of a core.
+WALL_FACTOR, WALL_SLACK_S = 10.0, 30.0
 #: How long a call may wait for a worker to take it (a worker that cannot start is an error, not a timeout).
 DEFAULT_START_TIMEOUT_S = 120.0
 #: Module imported once by the fork server, so that new workers start warm.
@@ -154,10 +160,11 @@ def _env_int(name: str, default: int) -> int:
 
 
 class KillableRunner:
-    """Run picklable module-level functions in killable worker processes with a hard wall-clock timeout.
+    """Run picklable module-level functions in killable worker processes with a hard per-call timeout.
 
     Args:
-        timeout_s: default per-call timeout in seconds (> 0).
+        timeout_s: default per-call timeout in seconds of the worker's CPU time (> 0), with a wall-clock backstop
+            of ``WALL_FACTOR * timeout_s + WALL_SLACK_S``.
         max_workers: worker processes and most concurrent calls; default ``min(4, os.cpu_count())`` (env
             ``STAPO_REWARD_WORKERS`` overrides).
         start_timeout_s: how long a call may wait for a worker to take it before :class:`WorkerStartError`.
@@ -251,7 +258,8 @@ class KillableRunner:
             self.stats[key] += 1
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None, **kwargs: Any) -> CallResult:
-        """Call ``fn(*args, **kwargs)`` in a worker; kill the worker if it runs longer than ``timeout_s``.
+        """Call ``fn(*args, **kwargs)`` in a worker; kill the worker when the call uses more than ``timeout_s`` seconds
+        of CPU time (or runs ``WALL_FACTOR * timeout_s + WALL_SLACK_S`` seconds of wall-clock time).
 
         Args:
             fn: a module-level (picklable) function; its arguments and result must be picklable.
@@ -281,7 +289,7 @@ class KillableRunner:
         pool, slots = self._get_pool()
         with slots:
             self._count("calls")
-            future = pool.schedule(call, args=(fn, args, kwargs), timeout=timeout)
+            future = pool.schedule(call, args=(fn, args, kwargs, timeout), timeout=WALL_FACTOR * timeout + WALL_SLACK_S)
             done, _ = concurrent.futures.wait([future], timeout=self.start_timeout_s)
             if not done and not future.running() and future.cancel():  # no worker took it in time
                 raise WorkerStartError(
@@ -298,6 +306,9 @@ class KillableRunner:
                 raise WorkerStartError(f"reward workers died while starting ({exc}); their stderr is this "
                                        "process's stderr") from exc
             except ProcessExpired as exc:
+                if exc.exitcode == -signal.SIGPROF:  # the worker's CPU-time limit (worker.call) ended it
+                    self._count("timeouts")
+                    return CallResult(None, True, None, time.perf_counter() - t0)
                 return self._error(f"worker died: {exc} (exit code {exc.exitcode})", t0)
             except Exception as exc:  # noqa: BLE001 - the function raised: reported as an error, not raised
                 return self._error(f"{type(exc).__name__}: {exc}", t0)

@@ -159,8 +159,13 @@ def initialize() -> None:
         return
 
 
-def call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """Run one call in the worker.
+def call(fn: Callable[..., Any], args: tuple, kwargs: dict, cpu_limit_s: float | None = None) -> Any:
+    """Run one call in the worker, with at most ``cpu_limit_s`` seconds of this process's CPU time (None: no limit).
+
+    The limit is an ``ITIMER_PROF`` timer (user + system CPU time, counted only while this process runs) with
+    ``SIGPROF``'s default action, which ends the process even inside a long C call; the runner reports that death as
+    a timeout. CPU time, unlike wall-clock time, does not grow when the machine is busy, so whether an answer is cut
+    off depends on the answer, not on the load beside it.
 
     Raises:
         WorkerStartError: the memory cap is not an integer, or the warm-up (the import of
@@ -173,4 +178,11 @@ def call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     except BaseException as exc:  # noqa: BLE001 - whatever stops the warm-up is the caller's error, not an answer
         reason = str(exc) if isinstance(exc, ScorersUnavailable) else f"{type(exc).__name__}: {exc}"
         raise WorkerStartError(f"reward worker could not import the scorers: {reason}") from None
-    return fn(*args, **kwargs)
+    if cpu_limit_s is None:
+        return fn(*args, **kwargs)
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)
+    signal.setitimer(signal.ITIMER_PROF, cpu_limit_s)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)

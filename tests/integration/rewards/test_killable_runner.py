@@ -81,6 +81,23 @@ def test_timeout_kills_the_worker_and_a_replacement_takes_over():
     assert _wait_gone(second.value), "close() left its worker running"
 
 
+def test_the_limit_is_cpu_time_so_a_call_that_waits_for_the_cpu_is_not_cut_off():
+    """A busy machine stretches a call's wall-clock time, not its CPU time: a call that waits 3 s using almost no
+    CPU stays within a 1 s limit, and one long C call (no Python bytecode to interrupt) is ended at 1 s of CPU."""
+    import math
+
+    runner = KillableRunner(timeout_s=1.0, max_workers=1)
+    try:
+        waited = runner.run(time.sleep, 3.0)
+        assert not waited.timed_out and waited.error is None
+        busy = runner.run(math.factorial, 10**8)
+        assert busy.timed_out and busy.value is None and busy.error is None
+        assert runner.run(answers_equivalent, "\\frac{1}{2}", "0.5").value is True  # a replacement took over
+        assert runner.stats == {"calls": 3, "timeouts": 1, "errors": 0}
+    finally:
+        runner.close()
+
+
 def test_hanging_scorer_is_cut_off_through_compute_score():
     out = compute_score("math500", "The answer is " + HANG, "5", timeout_s=1.0)
     assert out == {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": False, "data_source": "math500"}
