@@ -296,7 +296,7 @@ class KillableRunner:
                     f"no reward worker took the call within start_timeout_s={self.start_timeout_s} s "
                     "(a worker's start hangs; its stderr is this process's stderr)")
             try:
-                value = future.result()  # pebble enforces the call's timeout from when a worker took it
+                value = future.result()  # pebble: the wall-clock backstop, from when a worker took it
             except concurrent.futures.TimeoutError:
                 self._count("timeouts")
                 return CallResult(None, True, None, time.perf_counter() - t0)

@@ -213,7 +213,8 @@ def test_a_finished_run_is_kept_at_once_and_replaced_when_a_rerun_differs(tb, tm
     assert tb.keep_finished(a, store, cand, "stapo", 1, run_dir, "cpu A") is None  # not run, not kept
     run_dir.mkdir()
     (run_dir / "wall.json").write_text('{"returncode": 0}')
-    lines = [{"step": 1, "data": {tb.ENTROPY_KEY: 0.5, "actor/pg_loss": 0.1}}, {"step": 2, "data": {tb.ENTROPY_KEY: 0.4}}]
+    lines = [{"step": 1, "data": {tb.ENTROPY_KEY: 0.5, "actor/pg_loss": 0.1}},
+             {"step": 2, "data": {tb.ENTROPY_KEY: 0.4}}]
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     kept = tb.keep_finished(a, store, cand, "stapo", 1, run_dir, "cpu A")
     assert kept["metrics"] == {1: {tb.ENTROPY_KEY: 0.5}, 2: {tb.ENTROPY_KEY: 0.4}} and kept["garbage_rate"] is None
