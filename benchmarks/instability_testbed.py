@@ -299,6 +299,7 @@ def compare_figures(rows: dict[str, dict[int, dict]], arms: list[str], out: Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    out.mkdir(parents=True, exist_ok=True)  # ``--report --out DIR`` of kept runs: no run has made DIR
     colors = dict(zip(arms, plt.get_cmap("tab10").colors, strict=False))
     written = []
     for key, label in (("val", VAL_KEY), ("entropy", ENTROPY_KEY)):

@@ -118,10 +118,11 @@ def test_the_comparison_runs_vanilla_first_in_the_searchs_directories(tb, tmp_pa
         "actor_rollout_ref.actor.optim.lr=4e-4")
 
 
-def test_the_comparison_figures_are_written_per_arm(tb, tmp_path):
+def test_the_comparison_figures_are_written_per_arm_into_a_directory_made_for_them(tb, tmp_path):
+    # --report --out DIR writes the figures of kept runs, so DIR may not exist yet (no run created it)
     rows = {"vanilla": {1: {"val": {0: 0.5, 10: 0.6}, "entropy": {1: 0.5, 2: 0.4}}},
             "stapo": {1: {"val": {0: 0.5, 10: 0.7}, "entropy": {1: 0.5, 2: 0.45}}}, "top_entropy": {}}
-    paths = tb.compare_figures(rows, ["vanilla", "stapo", "top_entropy"], tmp_path, "compare_x")
+    paths = tb.compare_figures(rows, ["vanilla", "stapo", "top_entropy"], tmp_path / "report", "compare_x")
     assert [p.name for p in paths] == ["compare_x_val_accuracy.png", "compare_x_entropy.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
