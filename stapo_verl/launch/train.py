@@ -30,7 +30,9 @@ In one process, so verl and the plugin are imported once:
 6. When Ray's local node does not come up in time (:func:`ray_start_timed_out`: on a loaded machine the raylet can
    take longer than the fixed 30 s Ray gives it to register), nothing has been trained: the processes that attempt
    started are ended and main_ppo is started again, :data:`RAY_START_ATTEMPTS` times in all, with one line each.
-7. Ray is shut down when main_ppo returns, fails or is stopped, and the ``/dev/shm`` entries the job's killed
+7. Ray's workers get :data:`RAY_WORKER_REGISTER_TIMEOUT_S` to register instead of Ray's 60 s
+   (:func:`ray_environment`): a worker Ray kills for a slow start leaves ``ray.init`` waiting forever.
+8. Ray is shut down when main_ppo returns, fails or is stopped, and the ``/dev/shm`` entries the job's killed
    processes left behind are removed (:mod:`stapo_verl.launch.shm`).
 
 Before step 1, :func:`checked_config` stops with one line naming the fix, and exit status
@@ -54,6 +56,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import MutableMapping
 
 from stapo_verl.launch import shm
 from stapo_verl.launch.console import training_header
@@ -81,6 +84,21 @@ ENTRY_ENV = "STAPO_MAIN_PPO"
 RAY_START_TIMEOUT = "The current node timed out during startup"
 #: main_ppo starts in all, when Ray's local node timed out during startup
 RAY_START_ATTEMPTS = 3
+
+#: Ray's raylet kills a worker process that has not registered within ``worker_register_timeout_seconds`` (60 s in
+#: Ray 2.60; the raylet reads it from its environment as this variable). The driver of the node's first job gets its
+#: registration reply only when the workers the raylet prestarted for that job have registered
+#: (``WorkerPool::first_job_driver_wait_num_python_workers_``, ray/src/ray/raylet/worker_pool.h), so a worker killed
+#: for being slow leaves ``ray.init`` waiting forever, with one raylet line, "Some workers of the worker process(…)
+#: have not registered within the timeout" (https://github.com/ray-project/ray/issues/8890). On 2 starved cores (load
+#: 25) a worker's start took longer than 60 s and a launch waited 75 minutes. The launcher starts Ray's local node
+#: with :data:`RAY_WORKER_REGISTER_TIMEOUT_S` unless the variable is set; a cluster started with ``ray start`` reads
+#: it from that command's environment. Upstream: nothing to replace; a Ray whose driver stops waiting for a killed
+#: worker makes the longer limit unnecessary. Gate: ``ray._raylet.Config.worker_register_timeout_seconds()`` reads
+#: the variable (tests/integration/launch/test_ray_worker_register.py).
+RAY_WORKER_REGISTER_TIMEOUT_ENV = "RAY_worker_register_timeout_seconds"
+#: seconds a Ray worker of a launch may take to register (Ray's default: 60)
+RAY_WORKER_REGISTER_TIMEOUT_S = 600
 
 
 #: the run's metrics (verl's `file` logger target in the recipes)
@@ -245,6 +263,17 @@ def ray_start_timed_out(exc: BaseException) -> bool:
     return False
 
 
+def ray_environment(environ: MutableMapping[str, str]) -> dict[str, str]:
+    """Set in ``environ`` (the launcher's ``os.environ``, which the Ray node that main_ppo's ``ray.init`` starts
+    inherits) the Ray settings of a launch that are not set already: :data:`RAY_WORKER_REGISTER_TIMEOUT_ENV` =
+    :data:`RAY_WORKER_REGISTER_TIMEOUT_S`. Returns the ones it set. Raises nothing."""
+    added = {}
+    if not environ.get(RAY_WORKER_REGISTER_TIMEOUT_ENV):
+        added[RAY_WORKER_REGISTER_TIMEOUT_ENV] = str(RAY_WORKER_REGISTER_TIMEOUT_S)
+    environ.update(added)
+    return added
+
+
 def end_attempt_processes() -> list[int]:
     """Terminate this process's child processes (what a failed Ray start left: its GCS server and raylet, which no
     ``ray.shutdown`` reaches because ``ray.init`` never returned), then kill those still running after 10 s.
@@ -365,6 +394,7 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
         stop = stop_tokens.write_generation_config(model, out)
         print(f"[stapo stop tokens] {model}: stop at {stop.describe()} -> {out}", flush=True)
     prepare_metrics(a.run_dir, state.checkpoint_step or 0)
+    ray_environment(os.environ)
     sys.argv = ["verl.trainer.main_ppo", *a.overrides]
     module, _, function = os.environ.get(ENTRY_ENV, DEFAULT_ENTRY).partition(":")
     try:
