@@ -68,6 +68,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import sys
 import time
@@ -516,6 +517,9 @@ def compare(a, known: list[str]) -> int:
         plan = [p for p in plan if (p[0], p[1]) == rerun]
         if not plan or load_stored(store, cand, *rerun, cpu) is None:
             raise SystemExit(f"--rerun {a.rerun}: no run kept of that arm and seed on this CPU type ({cpu}) in {store}")
+        # the command itself names its directory (STAPO_RUN_DIR): build it for OUT/rerun, or the run would write
+        # into (and resume from) the comparison's own directory while the check reads an empty one
+        plan = compare_plan(out / "rerun", cand, [rerun[0]], [rerun[1]])
     if a.dry:
         for _, _, _, env, cmd in plan:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(cmd))
@@ -523,7 +527,8 @@ def compare(a, known: list[str]) -> int:
     t0 = time.time()
     for k, (arm, s, run_dir, env, cmd) in enumerate(plan, 1):
         if rerun is not None:
-            run_dir = out / "rerun" / cand.name / f"seed{s}" / arm
+            shutil.rmtree(run_dir, ignore_errors=True)  # an earlier rerun's checkpoint would be resumed, not rerun
+            (run_dir.parent / f"{run_dir.name}.console.log").unlink(missing_ok=True)
         elif a.report or pc.run_done(run_dir, cand.steps) or load_stored(store, cand, arm, s, cpu) is not None:
             continue
         print(f"[instability] compare {k}/{len(plan)} {arm} seed {s} ({time.time() - t0:.0f} s so far)", flush=True)

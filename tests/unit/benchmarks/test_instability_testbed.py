@@ -223,3 +223,20 @@ def test_a_finished_run_is_kept_at_once_and_replaced_when_a_rerun_differs(tb, tm
     (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     assert tb.keep_finished(a, store, cand, "stapo", 1, run_dir, "cpu A")["digest"] != kept["digest"]
     assert "differ from the kept run's" in capsys.readouterr().out
+
+
+def test_a_rerun_runs_in_its_own_directory_from_nothing(tb, tmp_path, capsys):
+    # the command names its run directory (STAPO_RUN_DIR); a rerun that kept the comparison's directory in the
+    # command wrote its metrics there and then read an empty OUT/rerun/... (every kept value "differed")
+    cand = next(c for c in tb.CANDIDATES if c.name == "lr4e-4")
+    store, out = tmp_path / "store", tmp_path / "out"
+    argv = ["--compare", "lr4e-4", "--rerun", "s2t_random:4", "--dry", "--store", str(store), "--out", str(out)]
+    with pytest.raises(SystemExit, match="no run kept of that arm and seed"):
+        tb.main(argv)
+    tb.store_run(store, cand, "s2t_random", 4, _metrics(tb, val={0: 0.5}), tb.cpu_type())
+    assert tb.main(argv) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert len(printed) == 1
+    assert f"STAPO_RUN_DIR={out / 'rerun' / 'lr4e-4' / 'seed4' / 's2t_random'} " in printed[0]
+    assert " tiny stapo_random data.seed=4 " in printed[0]  # the kept run's own arm and seed
+    assert str(out / "lr4e-4") not in printed[0]
