@@ -225,7 +225,7 @@ def test_a_finished_run_is_kept_at_once_and_replaced_when_a_rerun_differs(tb, tm
     assert "differ from the kept run's" in capsys.readouterr().out
 
 
-def test_a_rerun_runs_in_its_own_directory_from_nothing(tb, tmp_path, capsys):
+def test_a_rerun_runs_its_command_in_its_own_directory(tb, tmp_path, capsys):
     # the command names its run directory (STAPO_RUN_DIR); a rerun that kept the comparison's directory in the
     # command wrote its metrics there and then read an empty OUT/rerun/... (every kept value "differed")
     cand = next(c for c in tb.CANDIDATES if c.name == "lr4e-4")
