@@ -94,8 +94,9 @@ stapo_size_defaults() {
         # RL within ~10 steps, after which about one positive-advantage token a step is below 0.002; at
         # 0.1 STAPO also acts on the low-probability digits of answers that are still right.
         : "${STAPO_TAU_P:=0.1}"
-        # Same seed, same run (docs/results.md): per-request rollout seeds, and the CPU rollout server is
-        # batch-invariant, so two runs of one command give the same metrics.
+        # Same seed, same run (docs/results.md): per-request rollout seeds and the canonical batch order
+        # (+trainer.reproducible, REPRODUCIBLE below, on by default), and the CPU rollout server is batch-invariant,
+        # so two runs of one command give the same metrics.
         : "${FULL_DETERMINISM:=True}"
         STAPO_SIZE_OVERRIDES+=(
             data.seed=1
@@ -165,6 +166,10 @@ stapo_env_defaults() {
     # verl's rollout.full_determinism: per-request vLLM seeds from the plugin, VLLM_BATCH_INVARIANT=1 and
     # deterministic NCCL in the rollout (slower; docs/recipes.md says what is and is not reproducible on GPUs).
     : "${FULL_DETERMINISM:=False}"
+    # Same seed, same run for any verl job (+trainer.reproducible, the plugin's switch; docs/design.md §3a):
+    # per-request rollout seeds and the training batch in prompt-submission order instead of finishing order.
+    # Its cost on a GPU (vLLM's per-request seeded sampling) is unknown until measured; REPRODUCIBLE=False drops it.
+    : "${REPRODUCIBLE:=True}"
     : "${LR:=1e-6}" "${LR_WARMUP_STEPS:=10}"
     # The paper gives no step count (its curves go past 3,000 steps) and the raw DAPO-Math-17k parquet is
     # ~100x duplicated, so the run length is set in steps, not epochs.
@@ -194,7 +199,7 @@ stapo_env_defaults() {
     : "${DIST_CKPT_PATH:=}"
     # Stop tokens: vLLM stops at the eos ids of the generation config it loads. Qwen3 base models list
     # only <|endoftext|> there while their chat template ends a turn with <|im_end|>, so the recipe
-    # points vLLM's `generation_config` engine arg at a copy that lists both (stapo_verl/launch/stop_tokens.py
+    # points vLLM's `generation_config` engine arg at a copy that lists both (stapo_verl/stop_tokens.py
     # writes it at launch, from the model's own tokenizer/generation config). STOP_AT_END_OF_TURN=0:
     # use the model's generation config as is.
     : "${STOP_AT_END_OF_TURN:=1}" "${GEN_CONFIG_DIR:=$CKPT_PATH/generation_config}"
@@ -229,7 +234,8 @@ stapo_python() {
 # to every task and actor of the job, also on a cluster started earlier by `ray start` (whose raylets
 # never saw this shell's environment). Forwarded only when set, so the worker-side defaults apply
 # otherwise (stapo_verl/rewards/timeout.py).
-STAPO_FORWARDED_ENV=(STAPO_REWARD_TIMEOUT_S STAPO_REWARD_WORKERS)
+# STAPO_AUDIT_DIR: each process records there the plugin wrappers that acted (stapo_verl/integration/verl_0_9_1/job.py)
+STAPO_FORWARDED_ENV=(STAPO_REWARD_TIMEOUT_S STAPO_REWARD_WORKERS STAPO_AUDIT_DIR)
 stapo_forward_env() {
     local v
     for v in "${STAPO_FORWARDED_ENV[@]}"; do
@@ -311,6 +317,7 @@ stapo_base_overrides() {
         "trainer.default_local_dir='$CKPT_PATH'"
         trainer.resume_mode=auto
         trainer.critic_warmup=0
+        "+trainer.reproducible=$REPRODUCIBLE"
     )
     if stapo_is_true "$STOP_AT_END_OF_TURN"; then
         # vLLM's --generation-config <folder> (verl passes engine_kwargs.vllm through to `vllm serve`);
@@ -522,6 +529,6 @@ recipes/slurm/qwen3_8b_stapo.sbatch)"
 # only; --dry-run shows what it would hold). The ids come from the model's own files.
 stapo_write_generation_config() {
     stapo_is_true "$STOP_AT_END_OF_TURN" || return 0
-    "$PY" -m stapo_verl.launch.stop_tokens --model "$MODEL_PATH" --out "$GEN_CONFIG_DIR" >&2 ||
+    "$PY" -m stapo_verl.stop_tokens --model "$MODEL_PATH" --out "$GEN_CONFIG_DIR" >&2 ||
         stapo_die "could not write the stop-token generation config for MODEL_PATH='$MODEL_PATH' into '$GEN_CONFIG_DIR' (STOP_AT_END_OF_TURN=0 skips it)"
 }

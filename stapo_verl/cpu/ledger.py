@@ -1,10 +1,9 @@
 """The CPU platform's ledger: every verl, megatron-core, mbridge and torch site :mod:`stapo_verl.cpu` patches,
 registers into or relies on, each pinned by the fingerprint of the source it was written against.
 
-Same form as the plugin's ledger (:data:`stapo_verl.integration.verl_0_9_1.PATCHES`, :class:`~stapo_verl.integration.
-source_fingerprint.Patch`): symbol, what is done to it, why, what would replace it upstream, when to remove it, and the
+Same form as the plugin's ledger (:data:`stapo_verl.integration.verl_0_9_1.PATCHES`, :class:`~stapo_verl.ledger.Patch`): symbol, what is done to it, why, what would replace it upstream, when to remove it, and the
 symbol's signature (plus the sha256 of its source where the code copies or relies on a body), read with ``ast`` from
-the installed package (:mod:`stapo_verl.integration.source_fingerprint`). An entry whose ``action`` starts with
+the installed package (:mod:`stapo_verl.ledger`). An entry whose ``action`` starts with
 "relied on" is a contract the code depends on without changing it; every other entry is a site the code changes,
 and ``tests/unit/cpu/test_ledger.py`` finds those sites in the code and asserts that this ledger lists exactly them.
 
@@ -26,7 +25,7 @@ from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
 
 from stapo_verl.cpu.megatron_shims.core import PROXIED_MODULES
-from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch, enforce_ledger
+from stapo_verl.ledger import ALLOW_ENV, Patch, enforce_ledger
 from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ End of turn vs end of sequence: the tokenizer, ``config.json`` and ``generation_
 name ``<|endoftext|>`` as EOS, as Qwen3-Base does, while the chat template and the warm start end the
 assistant turn with ``<|im_end|>`` (and the warm start teaches the base-model habit of opening a new turn
 after it: ``<|im_end|>\n<|im_start|>user\n``). A rollout that stops only at the EOS therefore runs past the
-answer; the recipes stop at both (``stapo_verl.launch.stop_tokens``).
+answer; the recipes stop at both (``stapo_verl.stop_tokens``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import torch
 
-from stapo_verl.launch.stop_tokens import effective_stop_ids
+from stapo_verl.stop_tokens import effective_stop_ids
 
 logger = logging.getLogger(__name__)
 
@@ -406,7 +406,7 @@ class CPURolloutServer:
         Raises:
             ValueError: no model path, or no stop id at all.
             FileNotFoundError: ``engine_kwargs.vllm.generation_config`` names a folder without
-                ``generation_config.json`` (:func:`stapo_verl.launch.stop_tokens.effective_stop_ids`).
+                ``generation_config.json`` (:func:`stapo_verl.stop_tokens.effective_stop_ids`).
         """
         if self.generator is not None:
             return

@@ -7,7 +7,7 @@ setting: ``<out>/<tag>.jsonl`` with tags ``t1.0_p1.0`` and ``t0.7_p0.9``.
 The chat template is applied with a generation prompt, the same way verl's ``RLHFDataset`` renders the
 ``prompt`` column during training. Generation stops at the model's EOS *and* at its chat template's end-of-turn token
 (Qwen3 base models: ``<|endoftext|>`` and ``<|im_end|>``), both read from the checkpoint's own files by
-:mod:`stapo_verl.launch.stop_tokens` — the same ids the training recipes give verl's vLLM server. vLLM and transformers
+:mod:`stapo_verl.stop_tokens` — the same ids the training recipes give verl's vLLM server. vLLM and transformers
 are imported inside :func:`main` only, so argument parsing and the record builder are importable and tested without
 a GPU.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from stapo_verl.eval.metrics import K_BY_BENCHMARK
 from stapo_verl.eval.records import write_records
-from stapo_verl.launch.stop_tokens import StopTokens
-from stapo_verl.launch.stop_tokens import resolve as resolve_stop_tokens
+from stapo_verl.stop_tokens import StopTokens
+from stapo_verl.stop_tokens import resolve as resolve_stop_tokens
 
 #: (temperature, top_p) pairs of the paper: training-aligned, and JustRL's.
 DECODING_SETTINGS = ((1.0, 1.0), (0.7, 0.9))

@@ -3,15 +3,16 @@
 
 
 def install() -> bool:
-    """Gate and install the integration for the installed verl (:func:`stapo_verl.integration.verl_0_9_1.install`).
+    """Gate and install the integration for the installed verl
+    (:func:`stapo_verl.integration.verl_0_9_1.installer.install`).
 
     Returns:
         True if the integration is installed; False on a verl it was not written for (one warning line, nothing
         patched; a job asking for the plugin fails naming both versions).
     """
-    from stapo_verl.integration import verl_0_9_1
+    from stapo_verl.integration.verl_0_9_1 import installer
 
-    return verl_0_9_1.install()
+    return installer.install()
 
 
 def installed() -> bool:

@@ -11,7 +11,7 @@ where named, the files it points at), raises :class:`RecipeRuleError` naming the
 * :func:`check_ray_address`: ``ray.init`` arguments Ray refuses when it connects to a running cluster;
 * :func:`check_model_shape`: layers and heads of a local model divide over TP / PP;
 * :func:`check_training_length`: the train parquet's rows (footer only) reach ``trainer.total_training_steps``;
-* :func:`check_stop_tokens`: the ids the rollout will stop at (:mod:`stapo_verl.launch.stop_tokens`).
+* :func:`check_stop_tokens`: the ids the rollout will stop at (:mod:`stapo_verl.stop_tokens`).
 
 The data files' columns, data sources and prompt lengths are :mod:`stapo_verl.launch.data_checks`.
 """
@@ -299,18 +299,18 @@ def check_stop_tokens(config) -> Check:
         token the rollout would not stop at (Qwen3 base: ``<|im_end|>``).
     Raises:
         FileNotFoundError: the setting names a folder that is neither written at launch nor present
-            (:func:`stapo_verl.launch.stop_tokens.effective_stop_ids`); OSError, ValueError: as
-            :func:`stapo_verl.launch.stop_tokens.resolve`.
+            (:func:`stapo_verl.stop_tokens.effective_stop_ids`); OSError, ValueError: as
+            :func:`stapo_verl.stop_tokens.resolve`.
     """
     from omegaconf import OmegaConf
 
-    from stapo_verl.launch import stop_tokens
+    from stapo_verl import stop_tokens
 
     gc, path = OmegaConf.select(config, STOP_KEY, default=None), local_model(config)
     setting = f"{STOP_KEY}={gc!r}"
     if path is None:
         return Check(f"{setting}; model.path is not a local HF directory, so the stop ids are read at launch "
-                     "(python -m stapo_verl.launch.stop_tokens --model <model.path> --out <that folder>)", "SKIPPED",
+                     "(python -m stapo_verl.stop_tokens --model <model.path> --out <that folder>)", "SKIPPED",
                      value=(DERIVED_STOP_IDS, "resolved at launch"))
     stop = stop_tokens.resolve(path)
     pending = gc not in (None, "", *stop_tokens.VLLM_GENERATION_CONFIG_KEYWORDS) and not os.path.isfile(
@@ -319,8 +319,8 @@ def check_stop_tokens(config) -> Check:
     missing = [i for i in stop.ids if i not in effective]
     warnings = (f"the rollout stops at {effective} but the model also ends turns/sequences with "
                 f"{[stop.tokens[i] for i in missing]}: responses may run on into invented turns; point +{STOP_KEY} at "
-                f"a folder written by `python -m stapo_verl.launch.stop_tokens --model {path} --out <folder>` (the "
+                f"a folder written by `python -m stapo_verl.stop_tokens --model {path} --out <folder>` (the "
                 "recipes do, with STOP_AT_END_OF_TURN=1)",) if missing else ()
     ids = "[" + ", ".join(f"{i} {stop.tokens.get(i, '?')}" for i in effective) + "]"
-    source = "folder written at launch by stapo_verl.launch.stop_tokens" if pending else "as configured"
+    source = "folder written at launch by stapo_verl.stop_tokens" if pending else "as configured"
     return Check(f"{setting} ({source}): the rollout stops at {ids}", warnings=warnings, value=(DERIVED_STOP_IDS, ids))

@@ -11,7 +11,7 @@ In one process, so verl and the plugin are imported once:
    :func:`stapo_verl.launch.resume.resume_state` reads verl's resume rule from it. When the checkpoint verl would
    resume from is already at the last step, it says so and exits with :data:`EXIT_COMPLETE` (nothing written).
 2. It prints the line :func:`stapo_verl.launch.console.training_header` (the console reads the step range from
-   it), writes the stop-token generation config (``--stop-tokens``, :func:`stapo_verl.launch.stop_tokens.
+   it), writes the stop-token generation config (``--stop-tokens``, :func:`stapo_verl.stop_tokens.
    write_generation_config`) and sets the run's earlier metrics aside (:func:`prepare_metrics`): verl's ``file``
    logger truncates ``RUN/metrics.jsonl``, so the rows of the steps the checkpoint holds wait in
    ``RUN/metrics.history.jsonl``; rows of steps after the checkpoint (an attempt killed before its next checkpoint)
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
         return EXIT_COMPLETE
     print(training_header(a.run_dir, state.checkpoint_step or 0, state.total_steps), flush=True)
     if a.stop_tokens:
-        from stapo_verl.launch import stop_tokens
+        from stapo_verl import stop_tokens
 
         model, out = a.stop_tokens
         stop = stop_tokens.write_generation_config(model, out)

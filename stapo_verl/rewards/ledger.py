@@ -2,10 +2,10 @@
 relies on, each pinned by the fingerprint of the source it was written against.
 
 Same form as the plugin's ledger (:data:`stapo_verl.integration.verl_0_9_1.PATCHES`) and the CPU platform's
-(:mod:`stapo_verl.cpu.ledger`): :class:`~stapo_verl.integration.source_fingerprint.Patch` entries with the symbol, what
+(:mod:`stapo_verl.cpu.ledger`): :class:`~stapo_verl.ledger.Patch` entries with the symbol, what
 is done to it, why, what would replace it upstream, when to remove it, and the symbol's signature (plus the sha256 of
 its source where the code relies on a body), read with ``ast`` from the installed source
-(:mod:`stapo_verl.integration.source_fingerprint`; the standard library's and math-verify's are plain Python files).
+(:mod:`stapo_verl.ledger`; the standard library's and math-verify's are plain Python files).
 An entry whose ``action`` starts with "relied on" is a contract the code depends on without changing it; every other
 entry is a site the code changes, and ``tests/unit/rewards/test_ledger.py`` finds those sites in the reward code (and
 in :mod:`stapo_verl.launch` and :mod:`stapo_verl.eval`) and asserts that this ledger lists exactly them.
@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch, enforce_ledger
+from stapo_verl.ledger import ALLOW_ENV, Patch, enforce_ledger
 
 logger = logging.getLogger(__name__)
 

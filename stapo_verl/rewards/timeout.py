@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stapo_verl.rewards.worker import PRELOAD_MODULE, WorkerStartError, call, initialize
+
 logger = logging.getLogger(__name__)
 
 #: Default hard timeout per scored sample, in seconds of the worker's CPU time (env ``STAPO_REWARD_TIMEOUT_S``
@@ -52,12 +54,6 @@ DEFAULT_TIMEOUT_S = 5.0
 WALL_FACTOR, WALL_SLACK_S = 10.0, 30.0
 #: How long a call may wait for a worker to take it (a worker that cannot start is an error, not a timeout).
 DEFAULT_START_TIMEOUT_S = 120.0
-#: Module imported once by the fork server, so that new workers start warm.
-PRELOAD_MODULE = "stapo_verl.rewards.warm"
-
-
-class WorkerStartError(RuntimeError):
-    """A reward worker could not start (its warm-up import failed, or no worker took a call in time)."""
 
 
 @dataclasses.dataclass
@@ -222,7 +218,6 @@ class KillableRunner:
         from pebble import ProcessPool
 
         from stapo_verl.rewards import ledger
-        from stapo_verl.rewards.worker import call, initialize
 
         ledger.check(ledger.POOL_PATCHES, ledger.POOL_WRITTEN_FOR)
         pool = ProcessPool(max_workers=self.max_workers, initializer=initialize, context=_forkserver_context())
@@ -279,8 +274,6 @@ class KillableRunner:
         from concurrent.futures.process import BrokenProcessPool
 
         from pebble import ProcessExpired
-
-        from stapo_verl.rewards.worker import call
 
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         if not timeout > 0:

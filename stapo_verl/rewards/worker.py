@@ -6,8 +6,8 @@ a process is warm is not kept in a variable: it is whether :mod:`stapo_verl.rewa
 (``sys.modules``, inherited by every worker the fork server forks). A failed warm-up raises
 :class:`ScorersUnavailable` (an ``ImportError``, which the fork server ignores) out of that import, so the module is
 not imported; :func:`initialize` tries again in the worker, and :func:`call` imports it before every call (a
-dictionary look-up once it is imported) and turns the failure into
-:class:`~stapo_verl.rewards.timeout.WorkerStartError`: the caller learns why, instead of getting wrong answers.
+dictionary look-up once it is imported) and turns the failure into :class:`WorkerStartError`: the caller learns
+why, instead of getting wrong answers.
 Importing this module itself is cheap (the trainer process imports it to reference :func:`initialize` and
 :func:`call`).
 """
@@ -23,9 +23,15 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from stapo_verl.rewards.timeout import PRELOAD_MODULE, WorkerStartError
+__all__ = ["PRELOAD_MODULE", "ScorersUnavailable", "WorkerStartError", "call", "initialize",
+           "keep_main_module_out_of_workers", "warm_up"]
 
-__all__ = ["ScorersUnavailable", "call", "initialize", "keep_main_module_out_of_workers", "warm_up"]
+#: Module imported once by the fork server, so that new workers start warm.
+PRELOAD_MODULE = "stapo_verl.rewards.warm"
+
+
+class WorkerStartError(RuntimeError):
+    """A reward worker could not start (its warm-up import failed, or no worker took a call in time)."""
 
 #: keys of multiprocessing's preparation data that re-run the parent's main module in a child
 _MAIN_KEYS = ("init_main_from_name", "init_main_from_path")
@@ -43,8 +49,9 @@ def warm_up() -> None:
         ScorersUnavailable: the import or the parse failed (the message carries the exception and its traceback).
     """
     try:
-        from stapo_verl.rewards import equivalence
-        from stapo_verl.rewards.routing import score_response  # noqa: F401 - imported to be warm
+        # the scorers stapo_verl.rewards.routing.score_response dispatches to (routing itself, a few dictionaries,
+        # is imported by the first call: importing it here would close the loop routing -> timeout -> worker)
+        from stapo_verl.rewards import dapo, equivalence, math_verify_scorer  # noqa: F401 - imported to be warm
 
         equivalence.answers_equivalent("\\frac{1}{2}", "0.5")
     except BaseException as exc:  # noqa: BLE001 - reported to every caller by call()

@@ -12,6 +12,9 @@ and without the mask give identical ``kl_loss`` and ``entropy_loss``).
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from support.runs import check_mask_and_denominator, failure_text, metrics_by_step, run_config, run_recipe
 
 PL = "actor_rollout_ref.actor.policy_loss"
@@ -20,12 +23,61 @@ PL = "actor_rollout_ref.actor.policy_loss"
 MASK = ["actor_rollout_ref.actor.policy_loss.loss_mode=cispo", f"++{PL}.token_mask=s2t", f"++{PL}.s2t_tau_p=0.9"]
 
 
-def test_tiny_grpo_with_cispo_and_s2t_two_steps_with_reference_model(tmp_path):
-    run_dir = tmp_path / "run"
-    r = run_recipe("tiny_cpu_grpo.sh", run_dir, "trainer.total_training_steps=2", "trainer.val_before_train=False",
-                   "trainer.test_freq=-1", "trainer.save_freq=-1", "data.train_batch_size=8",
-                   "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4", *MASK)
+SMALL = ("trainer.total_training_steps=2", "trainer.val_before_train=False", "trainer.test_freq=-1",
+         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4")
+INTEGRATION = "stapo_verl.integration.verl_0_9_1"
+
+
+def acted(audit: Path) -> dict[str, set[int]]:
+    """The audit record (``STAPO_AUDIT_DIR``, :mod:`stapo_verl.integration.verl_0_9_1.job`): ledger symbol → the
+    processes in which its wrapper acted."""
+    out: dict[str, set[int]] = {}
+    for name in os.listdir(audit):
+        pid, symbol = name.split(".", 1)
+        out.setdefault(symbol, set()).add(int(pid))
+    return out
+
+
+def test_pass_through_tiny_grpo_baseline_no_wrapper_acts(tmp_path):
+    """The tiny GRPO baseline without the plugin's switch (no token mask, ``trainer.reproducible=False``) trains,
+    checkpoints and resumes on the CPU platform while no wrapper of the ledger acts in any process (driver,
+    TaskRunner, workers, agent loop): the audit directory every process writes to stays empty. The run with a mask
+    and the switch below fills it, so the record reaches every process."""
+    run_dir, audit = tmp_path / "run", tmp_path / "audit"
+    audit.mkdir()
+    r = run_recipe("tiny_cpu_grpo.sh", run_dir, *SMALL, "trainer.save_freq=1", "trainer.reproducible=False",
+                   STAPO_AUDIT_DIR=str(audit))
     assert r.returncode == 0, failure_text(run_dir, r)
+    cfg = run_config(run_dir)
+    assert (cfg.trainer.reproducible, cfg.actor_rollout_ref.actor.policy_loss.get("token_mask")) == (False, None)
+    assert cfg.actor_rollout_ref.actor.policy_loss._target_ == "verl.workers.config.PolicyLossConfig"
+    m = metrics_by_step(run_dir / "metrics.jsonl")
+    assert sorted(m) == [1, 2]
+    assert not [k for step in m.values() for k in step if "stapo" in k]  # nothing counted or logged
+    assert (run_dir / "ckpt" / "global_step_2").is_dir()
+    assert not list((run_dir / "ckpt" / "global_step_2").glob("stapo_*"))
+    assert acted(audit) == {}
+
+
+def test_tiny_grpo_with_cispo_and_s2t_two_steps_with_reference_model(tmp_path):
+    run_dir, audit = tmp_path / "run", tmp_path / "audit"
+    audit.mkdir()
+    r = run_recipe("tiny_cpu_grpo.sh", run_dir, *SMALL, "trainer.save_freq=-1", *MASK, STAPO_AUDIT_DIR=str(audit))
+    assert r.returncode == 0, failure_text(run_dir, r)
+    # the mask and the recipe's switch (+trainer.reproducible=True): every wrapper of the job's path acted, the
+    # driver's and the workers' in other processes (the audit record reaches them all)
+    record = acted(audit)
+    assert set(record) == {
+        "verl.utils.config.validate_config", "verl.trainer.main_ppo.run_ppo",
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor",
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._load_checkpoint",
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._build_replay_buffer",
+        "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._select_prompt_uids",
+        "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._materialize_batch",
+        "verl.experimental.agent_loop.agent_loop.AgentLoopWorker._run_agent_loop",
+        "verl.workers.engine_workers.TrainingWorker.train_batch", "verl.workers.engine_workers.ppo_loss",
+    }, record
+    assert record["verl.workers.engine_workers.ppo_loss"].isdisjoint(record["verl.utils.config.validate_config"])
     cfg = run_config(run_dir).actor_rollout_ref.actor
     assert (cfg.policy_loss.loss_mode, cfg.policy_loss.token_mask, cfg.use_kl_loss) == ("cispo", "s2t", True)
     m = metrics_by_step(run_dir / "metrics.jsonl")

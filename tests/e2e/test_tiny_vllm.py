@@ -26,7 +26,7 @@ from support.procs import REPO, kill_tree, no_shm_orphans_since
 from support.runs import SMALL, check_denominator, failure_text, metrics_by_step, recipe_process, run_config
 
 from stapo_verl.cpu import ledger
-from stapo_verl.integration.source_fingerprint import ledger_mismatches
+from stapo_verl.ledger import ledger_mismatches
 from stapo_verl.launch import shm
 
 PL = "actor_rollout_ref.actor.policy_loss"
@@ -85,7 +85,7 @@ def test_vllm_entries_of_the_ledger_match_vllm_cpu():
                           env={**os.environ, "STAPO_VLLM": "1", "STAPO_VENV": ""}, timeout=900)
     assert venv.returncode == 0, venv.stderr[-3000:]
     python = os.path.join(venv.stdout.strip().splitlines()[-1], "bin", "python")
-    code = ("from stapo_verl.cpu import ledger; from stapo_verl.integration.source_fingerprint import "
+    code = ("from stapo_verl.cpu import ledger; from stapo_verl.ledger import "
             "ledger_mismatches; print(ledger_mismatches(ledger.VLLM_PATCHES, 'vllm-cpu'))")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -20,7 +20,7 @@ BASE_ENV = {
 }
 BASE_ENV.update({"STAPO_VENV": VENV, "HOME": os.environ.get("HOME", "/tmp"), "WANDB_MODE": "disabled"})
 #: modules whose launches the stub venv records instead of running
-STUBBED = ("verl.trainer.main_ppo", "stapo_verl.launch.dryrun", "stapo_verl.launch.stop_tokens", "stapo_verl.plots",
+STUBBED = ("verl.trainer.main_ppo", "stapo_verl.launch.dryrun", "stapo_verl.stop_tokens", "stapo_verl.plots",
            "stapo_verl.launch.preflight")
 #: ``STAPO_MAIN_PPO`` value that makes ``python -m stapo_verl.launch.train`` record instead of training
 RECORD_MAIN_PPO = "support.recipes:record_main_ppo"

@@ -1,4 +1,4 @@
-"""Every touch of verl 0.9.1's private API, in one place: the ledger, the version gate, ``install()``.
+"""Every touch of verl 0.9.1's private API, in one place: the ledger and the version gate (install: :mod:`.installer`).
 
 The plugin is a backport of an extension point verl does not have yet (a policy-token-mask registry, the mask
 pre-pass in ``TrainingWorker.train_batch``, ``ppo_loss`` applying the mask to the policy-gradient term; see
@@ -6,7 +6,7 @@ pre-pass in ``TrainingWorker.train_batch``, ``ppo_loss`` applying the mask to th
 entry says why, what upstream replaces it, when to remove it, and the fingerprint of the verl 0.9.1 symbol it was
 written against (signature; for a function whose body the plugin copies, the sha256 of its source).
 
-The gate runs at plugin load (:func:`install`), before anything is patched. It reads verl's version and the
+The gate runs at plugin load (:func:`.installer.install`), before anything is patched. It reads verl's version and the
 fingerprints from verl's source files (``ast``; nothing heavy is imported). It is scoped to the jobs that use the
 plugin, because the plugin is loaded by ``import verl`` in every process of every verl job of the environment:
 
@@ -33,7 +33,7 @@ import logging
 import os
 import warnings
 
-from stapo_verl.integration.source_fingerprint import ALLOW_ENV, Patch
+from stapo_verl.ledger import ALLOW_ENV, Patch
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,8 @@ _REMOVE = "when the installed verl contains the upstream PR named here (then dro
 PATCHES: tuple[Patch, ...] = (
     Patch(
         symbol="verl.workers.engine_workers.TrainingWorker.train_batch",
-        action="wrapped (training_worker.wrap_train_batch)",
+        action="wrapped (training_worker.wrap_train_batch); a job without a token mask: verl's method, its own "
+        "arguments and result",
         why="run the policy token mask once per optimizer mini-batch, before the engine counts the mini-batch's "
         "tokens (batch_num_tokens) and splits it into micro-batches; add the mask's metrics to the output",
         upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None); train_batch runs the pre-pass "
@@ -64,7 +65,9 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.workers.engine_workers.ppo_loss",
-        action="rebound to stapo_verl.core.losses.ppo_loss (training_worker.patch_engine_workers)",
+        action="rebound to training_worker.wrap_ppo_loss's dispatcher (training_worker.patch_engine_workers): "
+        "stapo_verl.core.losses.ppo_loss when the actor config selects a token mask, verl's own ppo_loss (its "
+        "arguments, its result) otherwise",
         why="ActorRolloutRefWorker.init_model builds the actor's loss as partial(ppo_loss, config=...) from this "
         "module-level name; the plugin's ppo_loss is verl 0.9.1's plus the mask on the policy-gradient term",
         upstream="PR A: verl.workers.utils.losses.ppo_loss applies policy_loss_mask itself",
@@ -82,8 +85,9 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor",
-        action="wrapped (trainer.wrap_update_actor); during the call the worker group's bound update_actor is "
-        "wrapped on the instance (trainer.taking_payloads)",
+        action="wrapped (trainer.wrap_update_actor); for a job with a token mask, during the call the worker "
+        "group's bound update_actor is wrapped on the instance (trainer.taking_payloads); any other job: verl's "
+        "method, its own arguments and result",
         why="diagnostics in verl's trackers: ask the workers (batch.extra_info) for the mask histograms and, when a "
         "table is due, the silenced-token rows; take them out of the update's output metrics before "
         "reduce_metrics averages them; log them through the trainer's Tracking; add the collapse z-scores to the "
@@ -97,8 +101,9 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer._save_checkpoint",
-        action="wrapped (trainer.wrap_save_checkpoint): writes the diagnostics' driver state (collapse windows) "
-        "into <default_local_dir>/global_step_<n>/stapo_driver_state.json before the body runs",
+        action="wrapped (trainer.wrap_save_checkpoint): for a job with a token mask, writes the diagnostics' "
+        "driver state (collapse windows) into <default_local_dir>/global_step_<n>/stapo_driver_state.json before "
+        "the body runs; any other job: verl's method only",
         why="the collapse early-warning's running windows live on the trainer; without them a resumed run scores "
         "differently from an uninterrupted one. The body writes latest_checkpointed_iteration.txt last and saves "
         "into default_local_dir/global_step_<n>, hence the source hash",
@@ -110,8 +115,8 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer._load_checkpoint",
-        action="wrapped (trainer.wrap_load_checkpoint): after the body, reads stapo_driver_state.json of the folder "
-        "it resumed from",
+        action="wrapped (trainer.wrap_load_checkpoint): for a job with a token mask, after the body, reads "
+        "stapo_driver_state.json of the folder it resumed from; any other job: verl's method only",
         why="the counterpart of the _save_checkpoint entry; the body sets global_steps from the folder name, hence "
         "the source hash",
         upstream="as the _save_checkpoint entry",
@@ -153,8 +158,8 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.experimental.agent_loop.agent_loop.AgentLoopWorker._run_agent_loop",
-        action="wrapped (determinism.wrap_run_agent_loop): with rollout.full_determinism, adds a per-request "
-        "'seed' to sampling_params",
+        action="wrapped (determinism.wrap_run_agent_loop): with trainer.reproducible=True, adds a per-request "
+        "'seed' to sampling_params; any other job: verl's method, its own arguments and result",
         why="verl 0.9.1 seeds every request with rollout.seed + replica_rank under full_determinism (the n samples "
         "of a prompt are then one response) and none without it; the seed must depend on what the request is for "
         "(step, train/validation, data source, row, sample number: stapo_verl.core.seeding), the only place that "
@@ -179,8 +184,10 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._select_prompt_uids",
-        action="wrapped (determinism.wrap_select_prompt_uids): sampleable prompts passed in submission order "
-        "(self.prompt_global_steps, TransferQueue's key order) instead of as a set",
+        action="wrapped on the replay buffer instance that PPOTrainer._build_replay_buffer returns, for a job with "
+        "trainer.reproducible=True (determinism.ordering, determinism.wrap_select_prompt_uids): sampleable prompts "
+        "passed in submission order (self.prompt_global_steps, TransferQueue's key order) instead of as a set; "
+        "the class keeps verl's method",
         why="verl's stable sort by step breaks ties in set iteration order, which differs between processes",
         upstream="none in the series: a verl PR sorting by (step, submission order)",
         remove_when="when verl's ReplayBuffer selects and orders batches deterministically",
@@ -190,8 +197,9 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._materialize_batch",
-        action="wrapped (determinism.wrap_materialize_batch): the batch reordered by (prompt submission order, "
-        "session_id, output index) through KVBatchMeta.reorder",
+        action="wrapped on the replay buffer instance, as the _select_prompt_uids entry "
+        "(determinism.wrap_materialize_batch): the batch reordered by (prompt submission order, session_id, output "
+        "index) through KVBatchMeta.reorder",
         why="verl materialises trajectories in the order they finished (timing), which decides the micro-batch "
         "split and the summation order of the update",
         upstream="as the _select_prompt_uids entry",
@@ -199,6 +207,28 @@ PATCHES: tuple[Patch, ...] = (
         signature="(self, partition_id: str, selected_prompt_uids: list[str], partition_snapshot: dict[str, dict]) "
         "-> KVBatchMeta",
         source_sha256="ee811eb53021abd8cd7d09df02f977f05d8c0af78a28aff4151f73e4374cee9d",
+    ),
+    Patch(
+        symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer._build_replay_buffer",
+        action="wrapped (determinism.wrap_build_replay_buffer): for a job with trainer.reproducible=True, the "
+        "buffer verl built gets the two ReplayBuffer entries above on the instance (determinism.ordering); any "
+        "other job: verl's buffer, untouched",
+        why="the batch order is decided per job (trainer.reproducible), and the buffer gets only its own "
+        "trainer_config section, not the job's config; the trainer that builds it has the job's config",
+        upstream="as the _select_prompt_uids entry",
+        remove_when="as the _select_prompt_uids entry",
+        signature="(self) -> ReplayBuffer",
+    ),
+    Patch(
+        symbol="verl.experimental.agent_loop.agent_loop.AgentLoopWorker.__init__",
+        action="state kept on the instance: _stapo_request (job.JobRequest from self.config, read by the "
+        "_run_agent_loop wrapper)",
+        why="the per-request seed is decided per job (trainer.reproducible); the agent-loop worker lives as long as "
+        "the job and holds its config",
+        upstream="as the _run_agent_loop entry",
+        remove_when="with the _run_agent_loop entry",
+        signature="(self, config: DictConfig, llm_client: LLMServerClient, teacher_client: dict[str, "
+        "LLMServerClient]=None, reward_loop_worker_handles: list[ray.actor.ActorHandle]=None)",
     ),
     Patch(
         symbol="verl.workers.engine_workers.TrainingWorker.train_mini_batch",
@@ -269,8 +299,10 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.trainer.ppo.v1.trainer_base.PPOTrainer.__init__",
-        action="state kept on the instance: _stapo_diagnostics (diagnostics.driver.DriverDiagnostics: the collapse "
-        "early-warning's windows, the tables' schedule), saved and restored with the checkpoint",
+        action="state kept on the instance: _stapo_request (job.JobRequest, what the job asks of the plugin, decided "
+        "once from the trainer's config) and, for a job with a token mask, _stapo_diagnostics "
+        "(diagnostics.driver.DriverDiagnostics: the collapse early-warning's windows, the tables' schedule), saved "
+        "and restored with the checkpoint",
         why="the driver-side diagnostics live as long as the trainer and are read by the wrapped _update_actor, "
         "_save_checkpoint and _load_checkpoint",
         upstream="none in the series (the diagnostics are the plugin's)",
@@ -304,7 +336,8 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.utils.config.validate_config",
-        action="wrapped (driver_config.wrap_validate_config)",
+        action="wrapped (driver_config.wrap_validate_config); a job without a token mask: verl's function, its own "
+        "arguments and result, the config untouched",
         why="on the driver, before verl builds any config object: point policy_loss._target_ at the plugin's "
         "config class when loss_mode=stapo or a token_mask is set, then check the keys the mask depends on",
         upstream="PR A adds PolicyLossConfig.token_mask (declared in actor.yaml, validated in __post_init__), so "
@@ -317,7 +350,8 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.trainer.main_ppo.run_ppo",
-        action="wrapped (driver_config.wrap_run_ppo)",
+        action="wrapped (driver_config.wrap_run_ppo); a job without a token mask: verl's function, its own "
+        "arguments and result, the config untouched",
         why="the same _target_ fill for entry points that call run_ppo without validate_config on the driver "
         "(e.g. verl.experimental.fully_async_policy)",
         upstream="nothing: with PR A there is no _target_ to fill",
@@ -345,7 +379,7 @@ def fingerprint(symbol: str) -> tuple[str | None, str | None]:
     Returns ``(None, None)`` when the module or the symbol does not exist. A name bound by ``from … import`` gives
     that import statement as its signature and no hash.
     """
-    from stapo_verl.integration.source_fingerprint import fingerprint as source_fingerprint
+    from stapo_verl.ledger import fingerprint as source_fingerprint
 
     return source_fingerprint(symbol)
 
@@ -359,7 +393,7 @@ def mismatches() -> list[str]:
     found = installed_verl_version()
     if found != VERL_VERSION:
         problems.append(f"verl {found} is installed; stapo-verl's integration is written for verl {VERL_VERSION}")
-    from stapo_verl.integration.source_fingerprint import ledger_mismatches
+    from stapo_verl.ledger import ledger_mismatches
 
     return problems + ledger_mismatches(PATCHES, f"verl {VERL_VERSION}")
 
@@ -437,7 +471,7 @@ def check_verl(asked_by: str = "this job") -> None:
 
 
 def installed() -> bool:
-    """Whether :func:`install` put the integration in place in this process.
+    """Whether :func:`.installer.install` put the integration in place in this process.
 
     Read from verl itself: the ``verl.utils.config.validate_config`` wrapper is the first, eager patch of the full
     install and carries the ``__stapo_integration__`` mark; on a verl the plugin was not written for it is absent.
@@ -457,70 +491,7 @@ def unsupported_verl_policy_loss(*args, **kwargs):
     raise unsupported_verl_error("actor_rollout_ref.actor.policy_loss.loss_mode='stapo'")
 
 
-def _register_unsupported() -> None:
-    """What the plugin registers on a verl it was not written for, through public registration APIs only.
-
-    Hydra's ``ConfigStore`` gets the actor options ``actor/stapo_<engine>_actor`` (so a recipe that selects one
-    composes, and its ``policy_loss._target_``, :class:`.policy_loss.config.StapoPolicyLossConfig`, raises the
-    version error when verl builds the config); verl's ``register_policy_loss`` gets ``stapo`` as
-    :func:`unsupported_verl_policy_loss`. A failure here (a verl without these public names) is logged: a job asking
-    for the plugin then fails with verl's or Hydra's own error after the warning line.
-    """
-    try:
-        from verl.trainer.ppo.core_algos import register_policy_loss
-
-        from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
-
-        hydra_options.register()
-        # after hydra_options, whose import of stapo_verl.core.masks registers the real "stapo"
-        register_policy_loss("stapo")(unsupported_verl_policy_loss)
-    except Exception as e:  # the gate must never break a job that does not ask for the plugin
-        logger.warning("stapo-verl could not register its version-error stand-ins: %s: %s", type(e).__name__, e)
-
-
 def _plugin_version() -> str:
     from stapo_verl import __version__
 
     return __version__
-
-
-def install() -> bool:
-    """Gate, then install every patch of :data:`PATCHES` (idempotent).
-
-    On the verl of :data:`PATCHES` (or with ``STAPO_ALLOW_UNSUPPORTED_VERL=1``, after a loud warning): eager, the
-    ``validate_config`` wrapper and the Hydra options; lazy (post-import hooks, so loading the plugin imports
-    neither the worker stack nor ``main_ppo``), the ``TrainingWorker`` and ``ppo_loss`` patches, the ``run_ppo``
-    wrapper, the v1 trainer's wrappers, the rollout seeds and batch order
-    (:mod:`~stapo_verl.integration.verl_0_9_1.determinism`).
-
-    On any other verl: one warning line naming both versions, nothing patched, only the public registrations of
-    :func:`_register_unsupported`, so that ``import verl`` and every job that asks for neither ``loss_mode=stapo``
-    nor a ``token_mask`` run exactly as without the plugin, and one that asks fails naming both versions.
-
-    Returns:
-        True if the integration is installed, False if the plugin stays inactive.
-    """
-    problems = mismatches()
-    if problems and not allowed_anyway():
-        logger.warning("%s", _inactive_warning(problems))
-        _register_unsupported()
-        return False
-    if problems:
-        _warn_override(problems)
-    from stapo_verl.core import masks  # noqa: F401  (registers the masks and loss_mode=stapo)
-    from stapo_verl.integration.post_import import when_imported
-    from stapo_verl.integration.verl_0_9_1 import driver_config
-    from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
-
-    driver_config.install_validate_config()
-    # The hooks name their module as "module:function": it is imported when verl's module is, not now. Loading the
-    # plugin then imports none of them, so a process whose first import is one of them (its body imports
-    # stapo_verl.core, hence verl, hence this plugin) is not asked here for a name it has not defined yet.
-    here = __name__
-    when_imported("verl.trainer.main_ppo", f"{here}.driver_config:patch_main_ppo")
-    when_imported("verl.workers.engine_workers", f"{here}.training_worker:patch_engine_workers")
-    when_imported("verl.trainer.ppo.v1.trainer_base", f"{here}.trainer:patch_trainer_base")
-    when_imported("verl.experimental.agent_loop.agent_loop", f"{here}.determinism:patch_agent_loop")
-    when_imported("verl.trainer.ppo.v1.replay_buffer", f"{here}.determinism:patch_replay_buffer")
-    hydra_options.register()
-    return True

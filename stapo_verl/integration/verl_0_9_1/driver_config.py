@@ -4,6 +4,9 @@ Both run :func:`.policy_loss.config.fill_policy_loss_target` on the composed tra
 config object from it (``validate_config`` additionally runs the cross-key checks). ``main_ppo.main`` calls
 ``validate_config`` on the same ``DictConfig`` it then hands to ``run_ppo``, so the filled ``_target_`` is what Ray
 ships to the TaskRunner and the workers. Ledger entries: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`.
+
+A job that asks for nothing (:func:`.job.job_request`) gets verl's function with its own arguments and its result,
+and its config is not touched.
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ def wrap_validate_config(orig):
 
     @functools.wraps(orig)
     def validate_config(config, *args, **kwargs):
+        from stapo_verl.integration.verl_0_9_1.job import job_request, record_acted
+
+        if not job_request(config).masked:  # also checks trainer.reproducible's type, before Ray
+            return orig(config, *args, **kwargs)
+        record_acted("verl.utils.config.validate_config")
         from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
             fill_policy_loss_target,
             validate_token_mask_config,
@@ -39,6 +47,11 @@ def wrap_run_ppo(orig):
 
     @functools.wraps(orig)
     def run_ppo(config, *args, **kwargs):
+        from stapo_verl.integration.verl_0_9_1.job import job_request, record_acted
+
+        if not job_request(config).masked:
+            return orig(config, *args, **kwargs)
+        record_acted("verl.trainer.main_ppo.run_ppo")
         from stapo_verl.integration.verl_0_9_1.policy_loss.config import fill_policy_loss_target
 
         fill_policy_loss_target(config)

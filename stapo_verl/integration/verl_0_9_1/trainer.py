@@ -16,7 +16,9 @@ output's ``metrics`` through ``rename_dict`` and ``reduce_metrics`` (which avera
 ``_save_checkpoint`` / ``_load_checkpoint`` keep that driver state (the collapse windows) in verl's checkpoint folder
 (:data:`STATE_FILE`), so a resumed run continues the uninterrupted one.
 
-Only when the run uses the plugin (``loss_mode=stapo`` or a ``token_mask``); otherwise verl's methods run unchanged.
+Only when the job asks for a token mask (``loss_mode=stapo`` or a ``token_mask``; :func:`.job.request_of`, decided
+once per trainer from its config); for any other job each wrapper hands verl's method its own arguments and returns
+its result untouched.
 """
 
 from __future__ import annotations
@@ -27,22 +29,24 @@ import json
 import os
 
 from stapo_verl.diagnostics.shipping import REQUEST_KEY, take_payloads
+from stapo_verl.integration.verl_0_9_1.job import record_acted, request_of
 
 _MARK = "__stapo_integration__"
 _STATE = "_stapo_diagnostics"
+_PREFIX = "verl.trainer.ppo.v1.trainer_base.PPOTrainer."
 
 
 def _diagnostics_of(trainer):
     """The trainer's :class:`DriverDiagnostics` (built on first use), or None when the run does not use the plugin."""
+    if not request_of(trainer, trainer.config).masked:
+        return None
     if _STATE not in trainer.__dict__:
         from verl.utils.config import omega_conf_to_dataclass
 
-        from stapo_verl.integration.verl_0_9_1.policy_loss.config import wants_plugin_config
         from stapo_verl.diagnostics.driver import DriverDiagnostics
 
         pl = trainer.config.actor_rollout_ref.actor.policy_loss
-        trainer.__dict__[_STATE] = (DriverDiagnostics.from_policy_loss(omega_conf_to_dataclass(pl))
-                                    if wants_plugin_config(pl) else None)
+        trainer.__dict__[_STATE] = DriverDiagnostics.from_policy_loss(omega_conf_to_dataclass(pl))
     return trainer.__dict__[_STATE]
 
 
@@ -81,6 +85,7 @@ def wrap_update_actor(orig):
         diagnostics = _diagnostics_of(self)
         if diagnostics is None:
             return orig(self, batch, metrics)
+        record_acted(_PREFIX + "_update_actor")
         step = int(self.global_steps)
         due = diagnostics.table_due(step, test_freq=int(self.config.trainer.test_freq),
                                     total_steps=int(self.total_training_steps))
@@ -121,13 +126,15 @@ def wrap_save_checkpoint(orig):
     @functools.wraps(orig)
     def _save_checkpoint(self):
         diagnostics = _diagnostics_of(self)
-        if diagnostics is not None:
-            folder = _step_folder(self)
-            os.makedirs(folder, exist_ok=True)
-            tmp = os.path.join(folder, STATE_FILE + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(diagnostics.state_dict(), f)
-            os.replace(tmp, os.path.join(folder, STATE_FILE))
+        if diagnostics is None:
+            return orig(self)
+        record_acted(_PREFIX + "_save_checkpoint")
+        folder = _step_folder(self)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, STATE_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(diagnostics.state_dict(), f)
+        os.replace(tmp, os.path.join(folder, STATE_FILE))
         return orig(self)
 
     setattr(_save_checkpoint, _MARK, True)
@@ -143,9 +150,12 @@ def wrap_load_checkpoint(orig):
 
     @functools.wraps(orig)
     def _load_checkpoint(self):
-        out = orig(self)
         diagnostics = _diagnostics_of(self)
-        if diagnostics is None or int(self.global_steps) == 0:
+        if diagnostics is None:
+            return orig(self)
+        out = orig(self)
+        record_acted(_PREFIX + "_load_checkpoint")
+        if int(self.global_steps) == 0:
             return out
         folder = (self.config.trainer.resume_from_path if self.config.trainer.resume_mode == "resume_path"
                   else _step_folder(self))

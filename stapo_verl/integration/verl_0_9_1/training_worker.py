@@ -1,7 +1,8 @@
 """Worker-side patches of ``verl.workers.engine_workers`` (ledger: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
 
 * ``ppo_loss`` (the name ``ActorRolloutRefWorker.init_model`` builds the actor's loss from) is rebound to
-  :func:`stapo_verl.core.losses.ppo_loss`, verl's function plus the mask on the policy-gradient term.
+  :func:`wrap_ppo_loss`'s dispatcher: :func:`stapo_verl.core.losses.ppo_loss` (verl's function plus the mask on the
+  policy-gradient term) when the actor config selects a token mask, verl's own ``ppo_loss`` otherwise.
 * ``TrainingWorker.train_batch`` (one optimizer mini-batch) is wrapped: when the actor's ``policy_loss.token_mask``
   is set, :func:`stapo_verl.core.losses.apply_policy_token_mask` runs on the mini-batch before verl's body (so
   before the engine counts tokens), with the current policy's statistics when ``stats_source=current_minibatch``;
@@ -31,11 +32,13 @@ from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows, table_rows
 from stapo_verl.diagnostics.stats import MaskStatistics, is_vocab_size, mask_statistics
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
+from stapo_verl.integration.verl_0_9_1.job import record_acted
 
 #: worker output metric of the LM-head gradient norm (verl's driver keeps keys that already start with "actor/")
 LM_HEAD_GRAD_NORM_KEY = "actor/stapo/lm_head_grad_norm"
 
 _MARK = "__stapo_integration__"
+_PREFIX = "verl.workers.engine_workers."
 
 
 class TokenMaskIntegrationError(RuntimeError):
@@ -255,7 +258,9 @@ def wrap_train_batch(orig):
         config = actor_config_of(self.loss_fn)
         if config is None or config.policy_loss.get("token_mask", None) is None:
             return orig(self, data)
-        if getattr(self.loss_fn, "func", None) is not core_losses.ppo_loss:
+        record_acted(_PREFIX + "TrainingWorker.train_batch")
+        loss = getattr(self.loss_fn, "func", None)
+        if loss is not core_losses.ppo_loss and not getattr(loss, _MARK, False):
             raise TokenMaskIntegrationError(
                 f"actor.policy_loss.token_mask={config.policy_loss.token_mask!r} is set, but this worker's loss "
                 f"function is {getattr(self.loss_fn, 'func', self.loss_fn)!r}, not stapo_verl.core.losses.ppo_loss "
@@ -319,9 +324,34 @@ def wrap_train_batch(orig):
     return train_batch
 
 
+def wrap_ppo_loss(orig):
+    """The function ``verl.workers.engine_workers.ppo_loss`` is rebound to: with the actor config's
+    ``policy_loss.token_mask`` set, :func:`stapo_verl.core.losses.ppo_loss` (verl 0.9.1's ``ppo_loss`` plus the mask
+    on the policy-gradient term); otherwise ``orig`` (verl's ``verl.workers.utils.losses.ppo_loss``) with the
+    caller's own arguments, and its result untouched.
+
+    Args:
+        orig: verl's ``ppo_loss(config, model_output, data, dp_group=None)``; ``ActorRolloutRefWorker.init_model``
+            binds ``config`` (the ``ActorConfig``) with ``functools.partial``.
+    """
+
+    @functools.wraps(orig)
+    def ppo_loss(*args, **kwargs):
+        config = kwargs["config"] if "config" in kwargs else args[0]
+        if config.policy_loss.get("token_mask", None) is None:
+            return orig(*args, **kwargs)
+        record_acted(_PREFIX + "ppo_loss")
+        return core_losses.ppo_loss(*args, **kwargs)
+
+    setattr(ppo_loss, _MARK, True)
+    return ppo_loss
+
+
 def patch_engine_workers(module) -> None:
-    """Post-import hook of ``verl.workers.engine_workers``: rebind ``ppo_loss``, wrap ``train_batch`` (idempotent)."""
-    module.ppo_loss = core_losses.ppo_loss
+    """Post-import hook of ``verl.workers.engine_workers``: rebind ``ppo_loss`` to :func:`wrap_ppo_loss`'s
+    dispatcher, wrap ``train_batch`` (idempotent)."""
+    if not getattr(module.ppo_loss, _MARK, False):
+        module.ppo_loss = wrap_ppo_loss(module.ppo_loss)
     cls = module.TrainingWorker
     if not getattr(cls.train_batch, _MARK, False):
         cls.train_batch = wrap_train_batch(cls.train_batch)
@@ -331,6 +361,6 @@ def is_installed() -> bool:
     """True if this process's ``verl.workers.engine_workers`` carries the patches (imports that module)."""
     import verl.workers.engine_workers as engine_workers
 
-    return engine_workers.ppo_loss is core_losses.ppo_loss and getattr(
+    return getattr(engine_workers.ppo_loss, _MARK, False) and getattr(
         engine_workers.TrainingWorker.train_batch, _MARK, False
     )

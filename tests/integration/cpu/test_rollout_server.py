@@ -245,7 +245,7 @@ def _server_with(path, generation_config=None):
 
 def test_stop_tokens_come_from_the_models_own_files(base_like_dir):
     from stapo_verl.eval.generate_vllm import sampling_stop_kwargs
-    from stapo_verl.launch.stop_tokens import end_of_turn_token_id, resolve
+    from stapo_verl.stop_tokens import end_of_turn_token_id, resolve
 
     path, tok, _ = base_like_dir
     endoftext, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
@@ -260,7 +260,7 @@ def test_stop_tokens_come_from_the_models_own_files(base_like_dir):
 
 
 def test_server_stops_where_the_vllm_generation_config_setting_says(base_like_dir, tmp_path):
-    from stapo_verl.launch.stop_tokens import write_generation_config
+    from stapo_verl.stop_tokens import write_generation_config
 
     path, tok, prompts = base_like_dir
     endoftext, im_end = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")

@@ -41,7 +41,7 @@ def _greedy_responses(model_dir, stop_ids, n=64):
 def test_built_assets_end_sequences_and_turns_like_qwen3_base(built):
     """eos (tokenizer, config.json, generation_config.json) is <|endoftext|>, turns end with <|im_end|>; a rollout
     stopping at the eos alone runs past the answer, one stopping at both ends the turn."""
-    from stapo_verl.launch.stop_tokens import effective_stop_ids, resolve
+    from stapo_verl.stop_tokens import effective_stop_ids, resolve
 
     out, m = built
     model_dir = out / "model"

@@ -46,7 +46,7 @@ def test_launch_writes_the_stop_token_generation_config_first(tmp_path):
     assert bash(["recipes/qwen3_8b_stapo.sh"], env=env).returncode == 0
     recorded = calls(tmp_path / "out")
     # the preflight first (the same overrides as main_ppo), then the stop-token folder, then training
-    assert [c[2] for c in recorded] == ["stapo_verl.launch.preflight", "stapo_verl.launch.stop_tokens",
+    assert [c[2] for c in recorded] == ["stapo_verl.launch.preflight", "stapo_verl.stop_tokens",
                                         "verl.trainer.main_ppo"]
     assert recorded[0][3:] == recorded[2][3:]
     folder = str(tmp_path / "stapo" / "qwen3-8b-stapo-bf16" / "generation_config")

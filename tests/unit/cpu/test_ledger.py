@@ -31,7 +31,7 @@ import pytest
 import stapo_verl
 from stapo_verl.cpu import ledger
 from stapo_verl.integration import verl_0_9_1
-from stapo_verl.integration.source_fingerprint import fingerprint, ledger_mismatches
+from stapo_verl.ledger import fingerprint, ledger_mismatches
 
 CPU = Path(stapo_verl.__file__).parent / "cpu"
 #: methods that change the object they are called on

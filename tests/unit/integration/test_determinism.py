@@ -1,5 +1,5 @@
-"""The determinism patches on their own: the per-request seed in the agent loop and the canonical batch order of the
-v1 ReplayBuffer (verl 0.9.1's own methods, called through the wrappers)."""
+"""The determinism patches on their own (the switch ``trainer.reproducible``): the per-request seed in the agent loop
+and the canonical batch order of the v1 ReplayBuffer (verl 0.9.1's own methods, called through the wrappers)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from stapo_verl.core.seeding import rollout_request_seed
 from stapo_verl.integration.verl_0_9_1 import determinism as D
 
 
-def _worker(full_determinism: bool, seed: int = 7):
-    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"full_determinism": full_determinism, "seed": seed}}})
+def _worker(reproducible: bool, seed: int = 7, full_determinism: bool = False):
+    cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"full_determinism": full_determinism, "seed": seed}},
+                            "trainer": {"reproducible": reproducible}})
     return SimpleNamespace(config=cfg)
 
 
@@ -35,7 +36,7 @@ def _run(worker, sampling_params, trajectory, **kwargs):
 TRAJ = {"step": 5, "sample_index": 11, "rollout_n": 0, "validate": False}
 
 
-def test_seed_added_under_full_determinism_per_sample():
+def test_seed_added_with_the_switch_per_sample():
     params = {"temperature": 1.0}
     seeds = [_run(_worker(True), params, TRAJ, session_id=i, data_source="math_dapo")["sampling_params"]["seed"]
              for i in range(4)]
@@ -44,8 +45,13 @@ def test_seed_added_under_full_determinism_per_sample():
     assert len(set(seeds)) == 4 and params == {"temperature": 1.0}  # the caller's dict is not modified
 
 
-def test_no_seed_without_full_determinism_and_a_given_seed_is_kept():
-    assert "seed" not in _run(_worker(False), {"temperature": 1.0}, TRAJ, session_id=0)["sampling_params"]
+def test_no_seed_without_the_switch_even_under_full_determinism_and_a_given_seed_is_kept():
+    """verl's own full_determinism is verl's: without the switch the plugin adds no seed (verl's server then gives
+    every request rollout.seed + replica_rank, as without the plugin)."""
+    for full_determinism in (False, True):
+        params = {"temperature": 1.0}
+        seen = _run(_worker(False, full_determinism=full_determinism), params, TRAJ, session_id=0)
+        assert seen["sampling_params"] is params
     assert _run(_worker(True), {"seed": 3}, TRAJ, session_id=1)["sampling_params"] == {"seed": 3}
 
 
@@ -72,9 +78,8 @@ def test_replay_buffer_batch_in_submission_order_whatever_the_finish_order():
     from verl.trainer.ppo.v1 import replay_buffer as RB
 
     uids = [f"u{i:02d}-{random.Random(i).random()}" for i in range(6)]  # not sortable by name into submission order
-    select = D.wrap_select_prompt_uids(RB.ReplayBuffer._select_prompt_uids.__wrapped__
-                                       if hasattr(RB.ReplayBuffer._select_prompt_uids, "__wrapped__")
-                                       else RB.ReplayBuffer._select_prompt_uids)
+    assert not hasattr(RB.ReplayBuffer._select_prompt_uids, "__wrapped__")  # the class keeps verl's methods
+    select = D.wrap_select_prompt_uids(RB.ReplayBuffer._select_prompt_uids)
     finished = [f"{u}_{s}_0" for u in uids for s in range(3)]
     for trial in range(5):
         random.Random(trial).shuffle(finished)

@@ -7,7 +7,7 @@ import pytest
 
 from stapo_verl.core import losses as core_losses
 from stapo_verl.integration import verl_0_9_1 as integ
-from stapo_verl.integration.source_fingerprint import Patch
+from stapo_verl.ledger import Patch
 from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, check_verl, fingerprint, mismatches
 
 
@@ -66,20 +66,22 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
     import verl.trainer.ppo.v1.trainer_base as trainer_base
     import verl.utils.config as verl_config
     import verl.workers.engine_workers as engine_workers
+    import verl.workers.utils.losses as losses
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngine
     from verl.workers.engine.megatron.transformer_impl import MegatronEngine
 
     mark = "__stapo_integration__"
     assert getattr(engine_workers.TrainingWorker.train_batch, mark, False)
-    assert engine_workers.ppo_loss is core_losses.ppo_loss
+    assert getattr(engine_workers.ppo_loss, mark, False)  # the dispatcher: verl's ppo_loss unless a mask is set
+    assert engine_workers.ppo_loss.__wrapped__ is losses.ppo_loss and losses.ppo_loss is not core_losses.ppo_loss
     assert getattr(verl_config.validate_config, mark, False)
     assert getattr(main_ppo.run_ppo, mark, False)
-    for name in ("_update_actor", "_save_checkpoint", "_load_checkpoint"):
+    for name in ("_update_actor", "_save_checkpoint", "_load_checkpoint", "_build_replay_buffer"):
         assert getattr(getattr(trainer_base.PPOTrainer, name), mark, False), name
     assert getattr(agent_loop.AgentLoopWorker._run_agent_loop, mark, False)
     assert "_run_agent_loop" not in vars(agent_loop_tq.AgentLoopWorkerTQ)  # the TQ worker inherits the wrapper
-    for name in ("_select_prompt_uids", "_materialize_batch"):
-        assert getattr(getattr(replay_buffer.ReplayBuffer, name), mark, False), name
+    for name in ("_select_prompt_uids", "_materialize_batch"):  # wrapped per instance, for jobs that ask only
+        assert not getattr(getattr(replay_buffer.ReplayBuffer, name), mark, False), name
         assert name not in vars(replay_buffer.ReplayBufferAsync)
     # the engines' optimizer_step is wrapped per instance during one train_batch call only: the classes are verl's
     assert "optimizer_step" in vars(FSDPEngine) and "optimizer_step" in vars(MegatronEngine)
@@ -98,6 +100,7 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
         "verl.trainer.ppo.v1.agent_loop_tq.AgentLoopWorkerTQ._run_prompt",
         "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._select_prompt_uids",
         "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._materialize_batch",
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._build_replay_buffer",
         "verl.workers.engine.fsdp.transformer_impl.FSDPEngine.optimizer_step",
         "verl.workers.engine.megatron.transformer_impl.MegatronEngine.optimizer_step",
         "verl.workers.engine.base.BaseEngine.train_batch",
@@ -111,6 +114,7 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
         "verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
         "verl.workers.engine_workers.TrainingWorker.__init__",
         "verl.trainer.ppo.v1.trainer_base.PPOTrainer.__init__",
+        "verl.experimental.agent_loop.agent_loop.AgentLoopWorker.__init__",
         "verl.trainer.main_ppo.main",
         "verl.trainer.main_ppo.TaskRunnerV1.run",
     }

@@ -17,7 +17,7 @@ import stapo_verl
 from stapo_verl.core.masks import compute_policy_loss_stapo
 from stapo_verl.integration import post_import
 from stapo_verl.integration import verl_0_9_1 as integ
-from stapo_verl.integration.verl_0_9_1 import ALLOW_ENV, IncompatibleVerlError, driver_config
+from stapo_verl.integration.verl_0_9_1 import ALLOW_ENV, IncompatibleVerlError, driver_config, installer
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoNotRegisteredError, StapoPolicyLossConfig
 
 FOUND = f"stapo-verl {stapo_verl.__version__} is written for verl 0.9.1; found verl 0.9.0"
@@ -38,7 +38,7 @@ def other_verl(monkeypatch):
 
 def test_install_on_another_verl_warns_once_and_patches_nothing(other_verl, caplog):
     with caplog.at_level(logging.WARNING):
-        assert integ.install() is False
+        assert installer.install() is False
     lines = [r.getMessage() for r in caplog.records if FOUND in r.getMessage()]
     assert lines == [
         f"{FOUND}: the plugin stays inactive (nothing in verl is patched, no CPU platform); jobs without "
@@ -57,7 +57,7 @@ def test_the_override_installs_everything_with_a_loud_warning(other_verl, monkey
     monkeypatch.setenv(ALLOW_ENV, "1")
     with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert integ.install() is True
+        assert installer.install() is True
     assert other_verl[0] == "validate_config" and "verl.workers.engine_workers" in other_verl
     assert POLICY_LOSS_REGISTRY["stapo"] is compute_policy_loss_stapo
     loud = f"{FOUND}. Loading it anyway because {ALLOW_ENV}=1, at your own risk"

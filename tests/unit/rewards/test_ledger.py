@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import stapo_verl
-from stapo_verl.integration.source_fingerprint import ALLOW_ENV, fingerprint, ledger_mismatches
+from stapo_verl.ledger import ALLOW_ENV, fingerprint, ledger_mismatches
 from stapo_verl.rewards import ledger
 
 PACKAGE = Path(stapo_verl.__file__).parent

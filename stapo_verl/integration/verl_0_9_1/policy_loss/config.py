@@ -129,10 +129,10 @@ def require_plugin_loaded(asked_by: str = f"{_KEY} (loss_mode=stapo or a token_m
     """
     if PLUGIN_MODULE not in sys.modules:
         raise StapoNotRegisteredError(_not_loaded_message())
-    from stapo_verl import integration
+    from stapo_verl.integration import verl_0_9_1 as gate
 
-    if not integration.installed():
-        integration.check_verl(asked_by)
+    if not gate.installed():
+        gate.check_verl(asked_by)
         raise StapoNotRegisteredError(_not_loaded_message())
 
 

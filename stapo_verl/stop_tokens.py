@@ -17,9 +17,9 @@ the assistant's content.
 
 CLI (what the recipes run before training)::
 
-    python -m stapo_verl.launch.stop_tokens --model <hf dir or hub id> --out <folder>   # writes the folder's
+    python -m stapo_verl.stop_tokens --model <hf dir or hub id> --out <folder>   # writes the folder's
                                                                                  # generation_config.json
-    python -m stapo_verl.launch.stop_tokens --model <hf dir or hub id>                  # prints the ids only
+    python -m stapo_verl.stop_tokens --model <hf dir or hub id>                  # prints the ids only
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def effective_stop_ids(model: str, generation_config: Optional[str], tokenizer=N
             raise FileNotFoundError(
                 f"engine_kwargs.vllm.generation_config={generation_config!r}: {path} does not exist "
                 f"(allowed: {' | '.join(VLLM_GENERATION_CONFIG_KEYWORDS)} | a folder with generation_config.json; "
-                "write one with `python -m stapo_verl.launch.stop_tokens --model <model> --out <folder>`)"
+                "write one with `python -m stapo_verl.stop_tokens --model <model> --out <folder>`)"
             )
         with open(path, encoding="utf-8") as f:
             gen_ids = _as_id_list(json.load(f).get("eos_token_id"))
@@ -200,7 +200,7 @@ def effective_stop_ids(model: str, generation_config: Optional[str], tokenizer=N
 
 def main(argv: Optional[list[str]] = None) -> int:
     """CLI entry: print the stop ids of ``--model``; with ``--out``, write the generation config folder."""
-    ap = argparse.ArgumentParser(prog="python -m stapo_verl.launch.stop_tokens", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m stapo_verl.stop_tokens", description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="HF model directory or hub id")
     ap.add_argument("--out", default=None,
                     help="folder to write generation_config.json into (vLLM --generation-config)")

@@ -1,0 +1,79 @@
+"""Installing the integration at plugin load (:func:`install`), after the gate of
+:mod:`stapo_verl.integration.verl_0_9_1`.
+
+Apart from the gate so that the gate imports none of the modules it installs: the config class the install registers
+(:mod:`.policy_loss.config`) asks the gate whether the integration is in place, and the import graph of the package
+stays free of cycles (``tests/unit/core/test_import_cycles.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from stapo_verl.integration import verl_0_9_1 as gate
+
+logger = logging.getLogger("stapo_verl.integration.verl_0_9_1")
+
+
+def _register_unsupported() -> None:
+    """What the plugin registers on a verl it was not written for, through public registration APIs only.
+
+    Hydra's ``ConfigStore`` gets the actor options ``actor/stapo_<engine>_actor`` (so a recipe that selects one
+    composes, and its ``policy_loss._target_``, :class:`.policy_loss.config.StapoPolicyLossConfig`, raises the
+    version error when verl builds the config); verl's ``register_policy_loss`` gets ``stapo`` as
+    :func:`~stapo_verl.integration.verl_0_9_1.unsupported_verl_policy_loss`. A failure here (a verl without these
+    public names) is logged: a job asking for the plugin then fails with verl's or Hydra's own error after the
+    warning line.
+    """
+    try:
+        from verl.trainer.ppo.core_algos import register_policy_loss
+
+        from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
+
+        hydra_options.register()
+        # after hydra_options, whose import of stapo_verl.core.masks registers the real "stapo"
+        register_policy_loss("stapo")(gate.unsupported_verl_policy_loss)
+    except Exception as e:  # the gate must never break a job that does not ask for the plugin
+        logger.warning("stapo-verl could not register its version-error stand-ins: %s: %s", type(e).__name__, e)
+
+
+def install() -> bool:
+    """Gate, then install every patch of :data:`~stapo_verl.integration.verl_0_9_1.PATCHES` (idempotent).
+
+    On the verl of the ledger (or with ``STAPO_ALLOW_UNSUPPORTED_VERL=1``, after a loud warning): eager, the
+    ``validate_config`` wrapper and the Hydra options; lazy (post-import hooks, so loading the plugin imports
+    neither the worker stack nor ``main_ppo``), the ``TrainingWorker`` and ``ppo_loss`` patches, the ``run_ppo``
+    wrapper, the v1 trainer's wrappers, the rollout seeds and batch order
+    (:mod:`~stapo_verl.integration.verl_0_9_1.determinism`).
+
+    On any other verl: one warning line naming both versions, nothing patched, only the public registrations of
+    :func:`_register_unsupported`, so that ``import verl`` and every job that asks for neither ``loss_mode=stapo``
+    nor a ``token_mask`` run exactly as without the plugin, and one that asks fails naming both versions.
+
+    Returns:
+        True if the integration is installed, False if the plugin stays inactive.
+    """
+    problems = gate.mismatches()
+    if problems and not gate.allowed_anyway():
+        logger.warning("%s", gate._inactive_warning(problems))
+        _register_unsupported()
+        return False
+    if problems:
+        gate._warn_override(problems)
+    from stapo_verl.core import masks  # noqa: F401  (registers the masks and loss_mode=stapo)
+    from stapo_verl.integration.post_import import when_imported
+    from stapo_verl.integration.verl_0_9_1 import driver_config
+    from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
+
+    driver_config.install_validate_config()
+    # The hooks name their module as "module:function": it is imported when verl's module is, not now. Loading the
+    # plugin then imports none of them, so a process whose first import is one of them (its body imports
+    # stapo_verl.core, hence verl, hence this plugin) is not asked here for a name it has not defined yet.
+    here = gate.__name__
+    when_imported("verl.trainer.main_ppo", f"{here}.driver_config:patch_main_ppo")
+    when_imported("verl.workers.engine_workers", f"{here}.training_worker:patch_engine_workers")
+    when_imported("verl.trainer.ppo.v1.trainer_base", f"{here}.trainer:patch_trainer_base")
+    when_imported("verl.experimental.agent_loop.agent_loop", f"{here}.determinism:patch_agent_loop")
+    when_imported("verl.trainer.ppo.v1.trainer_base", f"{here}.determinism:patch_trainer_base")
+    hydra_options.register()
+    return True

@@ -1,0 +1,131 @@
+"""What a job asks of the plugin, decided from the job's config; and the audit record of the wrappers that acted.
+
+A cluster image installs the plugin once, and verl's ``verl.plugins`` entry point then imports it into every process
+of every job: the driver, the TaskRunner, every Ray worker. A job that asks for nothing must run verl 0.9.1's own
+code. So every wrapper of :data:`stapo_verl.integration.verl_0_9_1.PATCHES` starts with :func:`request_of` (or, for a
+wrapped function whose config is an argument, :func:`job_request`) and, when the job asks for nothing it does, hands
+verl's original its own arguments and returns the original's result untouched: nothing reorders, reseeds, gathers,
+counts or logs.
+
+A job asks for the plugin with either of:
+
+* **a policy token mask**: ``actor_rollout_ref.actor.policy_loss.loss_mode=stapo`` or a ``token_mask`` (the mask
+  pre-pass, the masked policy-gradient term, the diagnostics and their driver state);
+* **same seed, same run** (:data:`REPRODUCIBLE_KEY`, ``+trainer.reproducible=True``, for any loss): a per-request
+  rollout seed and the training batch in a canonical order (:mod:`.determinism`).
+
+The decision reads the job's config only (never the environment), once per verl object that lives as long as the job
+in its process (trainer, agent-loop worker), cached on it like the rest of the plugin's per-object state.
+
+**The audit record.** With ``STAPO_AUDIT_DIR=<dir>`` in a process's environment, each wrapper that acts (not a
+pass-through) creates the file ``<dir>/<pid>.<symbol>`` (``symbol``: its ledger entry's). The directory of a job that
+asked for nothing stays empty in every process; that is how a cluster team checks that the plugin left a job alone
+(``tests/e2e/test_tiny_grpo.py`` does it on the tiny GRPO baseline). Only the acting path reads the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: the switch of same seed, same run (a verl trainer key; not declared in verl's ``ppo_trainer.yaml``, so ``+``)
+REPRODUCIBLE_KEY = "trainer.reproducible"
+#: the environment variable naming the audit record's directory (unset: no record)
+AUDIT_ENV = "STAPO_AUDIT_DIR"
+#: where the decision is cached on a verl object (ledger: the ``state kept on the instance`` entries)
+REQUEST_ATTR = "_stapo_request"
+_POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What one job asks of the plugin.
+
+    Attributes:
+        masked: the policy-loss config asks for a token mask (``loss_mode=stapo``, a ``token_mask``, or a loss mode
+            of an earlier stapo-verl version that a mask replaced; :func:`.policy_loss.config.wants_plugin_config`).
+        reproducible: :data:`REPRODUCIBLE_KEY` is true.
+    """
+
+    masked: bool = False
+    reproducible: bool = False
+
+    @property
+    def asks(self) -> bool:
+        """Whether the job asks for anything of the plugin."""
+        return self.masked or self.reproducible
+
+
+def _get(config, dotted: str, default=None):
+    node = config
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        node = node.get(part, None) if hasattr(node, "get") else getattr(node, part, None)
+    return default if node is None else node
+
+
+def reproducible_of(config) -> bool:
+    """The value of :data:`REPRODUCIBLE_KEY` in a full trainer config (False when absent).
+
+    Args:
+        config: the job's trainer config (OmegaConf ``DictConfig`` of ``ppo_trainer``, or any mapping of mappings).
+
+    Raises:
+        stapo_verl.algo.config_ranges.StapoConfigError: the value is not a boolean (e.g. ``"yes"`` or ``1``); the
+            message names the key, the value, what is allowed and the fix.
+    """
+    value = _get(config, REPRODUCIBLE_KEY, False)
+    if isinstance(value, bool):
+        return value
+    from stapo_verl.algo.config_ranges import StapoConfigError
+
+    raise StapoConfigError(
+        f"{REPRODUCIBLE_KEY}={value!r}: allowed true or false (same seed, same run: per-request rollout seeds and "
+        f"a canonical batch order). Fix: +{REPRODUCIBLE_KEY}=True, or drop the override",
+        key=REPRODUCIBLE_KEY, value=value, allowed="true or false",
+    )
+
+
+def job_request(config) -> JobRequest:
+    """What a job asks of the plugin, from its full trainer config.
+
+    Args:
+        config: the job's trainer config (``DictConfig`` of ``ppo_trainer``), as the driver composes it and Ray
+            ships it to the TaskRunner and the workers.
+
+    Returns:
+        The :class:`JobRequest`; ``JobRequest()`` (asks for nothing) for verl's defaults.
+
+    Raises:
+        stapo_verl.algo.config_ranges.StapoConfigError: :data:`REPRODUCIBLE_KEY` is not a boolean.
+    """
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import wants_plugin_config
+
+    policy_loss = _get(config, _POLICY_LOSS)
+    return JobRequest(masked=policy_loss is not None and wants_plugin_config(policy_loss),
+                      reproducible=reproducible_of(config))
+
+
+def request_of(obj, config) -> JobRequest:
+    """:func:`job_request` of ``config``, decided once per verl object and cached on it (:data:`REQUEST_ATTR`).
+
+    Args:
+        obj: the verl object whose method a wrapper replaces (``PPOTrainer``, ``AgentLoopWorker``); it lives as long
+            as the job does in its process.
+        config: that object's full trainer config (``obj.config``).
+    """
+    cached = obj.__dict__.get(REQUEST_ATTR)
+    if cached is None:
+        cached = obj.__dict__[REQUEST_ATTR] = job_request(config)
+    return cached
+
+
+def record_acted(symbol: str) -> None:
+    """Add ``symbol`` (a ledger entry's) to this process's audit record when ``STAPO_AUDIT_DIR`` is set: the file
+    ``<dir>/<pid>.<symbol>``, created once (later calls open it for append and write nothing). Called by a wrapper
+    on its acting path only. Raises OSError when the directory is not writable."""
+    directory = os.environ.get(AUDIT_ENV)
+    if directory:
+        with open(os.path.join(directory, f"{os.getpid()}.{symbol}"), "a", encoding="utf-8"):
+            pass

@@ -1,0 +1,224 @@
+"""A job that asks for nothing of the plugin runs verl 0.9.1's own code: one test per wrapping entry of the ledger
+(:data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
+
+Each test drives the plugin's wrapper with the config of a job that asks for nothing (verl's composed
+``ppo_trainer`` defaults: no ``loss_mode=stapo``, no ``token_mask``, no ``trainer.reproducible``) and a spy in place of
+verl's original. The spy must receive the caller's own arguments (the same objects), the wrapper must return the
+spy's result (the same object), nothing the wrapper could touch may change (config, batch, worker group, engine,
+checkpoint folder), and the audit record (``STAPO_AUDIT_DIR``) stays empty. ``pytest -k pass_through`` selects them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import os
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from stapo_verl.integration.verl_0_9_1 import determinism, driver_config, job, trainer, training_worker
+
+
+@pytest.fixture(scope="module")
+def plain_config():
+    """verl's ``ppo_trainer`` config composed with no override: a job that asks for nothing."""
+    from stapo_verl.launch.compose import compose_config
+
+    return compose_config(["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+
+
+def _merged(config, values: dict):
+    """``config`` with ``values`` merged in (new keys allowed, as a ``+key=value`` override adds them)."""
+    out = copy.deepcopy(config)
+    OmegaConf.set_struct(out, False)
+    out.merge_with(values)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def audit(tmp_path, monkeypatch):
+    directory = tmp_path / "audit"
+    directory.mkdir()
+    monkeypatch.setenv(job.AUDIT_ENV, str(directory))
+    return directory
+
+
+class Spy:
+    """verl's original: records its arguments, returns a fresh sentinel."""
+
+    def __init__(self, check=None):
+        self.calls, self.result, self.check = [], object(), check
+
+    def __call__(self, *args, **kwargs):
+        if self.check is not None:
+            self.check(*args, **kwargs)
+        self.calls.append((args, kwargs))
+        return self.result
+
+
+def _same(call, args, kwargs):
+    """The spy got exactly these objects."""
+    got_args, got_kwargs = call
+    assert len(got_args) == len(args) and all(a is b for a, b in zip(got_args, args))
+    assert got_kwargs.keys() == kwargs.keys() and all(got_kwargs[k] is kwargs[k] for k in kwargs)
+
+
+def test_the_plain_config_asks_for_nothing(plain_config):
+    assert job.job_request(plain_config) == job.JobRequest()
+    asking = _merged(plain_config, {"trainer": {"reproducible": True}})
+    assert job.job_request(asking) == job.JobRequest(reproducible=True)
+
+
+def test_pass_through_validate_config(plain_config, audit):
+    config, before = plain_config.copy(), copy.deepcopy(plain_config)
+    spy = Spy()
+    out = driver_config.wrap_validate_config(spy)(config, True, False, extra="kw")
+    assert out is spy.result and len(spy.calls) == 1
+    _same(spy.calls[0], (config, True, False), {"extra": "kw"})
+    assert config == before and os.listdir(audit) == []
+
+
+def test_pass_through_run_ppo(plain_config, audit):
+    config, before = plain_config.copy(), copy.deepcopy(plain_config)
+    spy, runner = Spy(), object()
+    out = driver_config.wrap_run_ppo(spy)(config, runner)
+    assert out is spy.result
+    _same(spy.calls[0], (config, runner), {})
+    assert config == before and os.listdir(audit) == []
+
+
+def _actor_config(plain_config):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    return omega_conf_to_dataclass(plain_config.actor_rollout_ref.actor)
+
+
+def test_pass_through_ppo_loss(plain_config, audit):
+    """The name ActorRolloutRefWorker.init_model binds with partial(ppo_loss, config=...): verl's function gets the
+    call of a job without a mask (the engines call it with keywords)."""
+    config = _actor_config(plain_config)
+    spy = Spy()
+    loss = functools.partial(training_worker.wrap_ppo_loss(spy), config=config)
+    model_output, data = {"log_probs": object()}, object()
+    assert loss(model_output=model_output, data=data, dp_group=None) is spy.result
+    _same(spy.calls[0], (), {"config": config, "model_output": model_output, "data": data, "dp_group": None})
+    assert os.listdir(audit) == []
+
+
+def test_pass_through_train_batch_and_the_engines_optimizer_step(plain_config, audit):
+    """No pre-pass, no cursor, no field added to the mini-batch, and the engine's optimizer_step is the engine's own
+    during verl's body (the FSDP and Megatron optimizer_step entries wrap it only for a job with a mask)."""
+    import torch
+    from tensordict import TensorDict
+    from verl.workers.utils.losses import ppo_loss
+
+    step = Spy()
+    engine = SimpleNamespace(optimizer_step=step)
+    worker = SimpleNamespace(loss_fn=functools.partial(ppo_loss, config=_actor_config(plain_config)), engine=engine)
+    data = TensorDict({"response_mask": torch.ones(2, 3)}, batch_size=[2])
+    keys = set(data.keys(include_nested=True))
+    spy = Spy(check=lambda self, d: (self.engine.__dict__["optimizer_step"] is step) or pytest.fail("wrapped"))
+    assert training_worker.wrap_train_batch(spy)(worker, data) is spy.result
+    _same(spy.calls[0], (worker, data), {})
+    assert set(data.keys(include_nested=True)) == keys and set(vars(worker)) == {"loss_fn", "engine"}
+    assert os.listdir(audit) == []
+
+
+def _trainer(config, tmp_path):
+    config = _merged(config, {"trainer": {"default_local_dir": str(tmp_path / "ckpt")}})
+    group = SimpleNamespace()
+    group.update_actor = Spy()
+    return SimpleNamespace(config=config, actor_rollout_wg=group, global_steps=3, total_training_steps=10,
+                           logger=None)
+
+
+def test_pass_through_update_actor(plain_config, tmp_path, audit):
+    t = _trainer(plain_config, tmp_path)
+    bound = t.actor_rollout_wg.update_actor
+    batch, metrics = SimpleNamespace(extra_info={}), {}
+    spy = Spy(check=lambda self, b, m: (self.actor_rollout_wg.update_actor is bound) or pytest.fail("wrapped"))
+    assert trainer.wrap_update_actor(spy)(t, batch, metrics) is spy.result
+    _same(spy.calls[0], (t, batch, metrics), {})
+    assert batch.extra_info == {} and metrics == {} and "_stapo_diagnostics" not in vars(t)
+    assert t.actor_rollout_wg.update_actor is bound and os.listdir(audit) == []
+
+
+def test_pass_through_save_checkpoint(plain_config, tmp_path, audit):
+    t = _trainer(plain_config, tmp_path)
+    spy = Spy()
+    assert trainer.wrap_save_checkpoint(spy)(t) is spy.result
+    _same(spy.calls[0], (t,), {})
+    assert not (tmp_path / "ckpt").exists() and os.listdir(audit) == []
+
+
+def test_pass_through_load_checkpoint(plain_config, tmp_path, audit, capsys):
+    t = _trainer(plain_config, tmp_path)
+    spy = Spy()
+    assert trainer.wrap_load_checkpoint(spy)(t) is spy.result
+    _same(spy.calls[0], (t,), {})
+    assert capsys.readouterr().out == "" and os.listdir(audit) == []
+
+
+def test_pass_through_run_agent_loop(plain_config, audit):
+    """No seed, whatever verl's rollout.full_determinism says (verl's server seeds those requests itself)."""
+    for full_determinism in (False, True):
+        config = _merged(plain_config, {"actor_rollout_ref": {"rollout": {"full_determinism":
+                                                                                   full_determinism}}})
+        worker = SimpleNamespace(config=config)
+        seen = []
+
+        async def orig(self, sampling_params, trajectory, **kwargs):
+            seen.append((self, sampling_params, trajectory, kwargs))
+            return "out"
+
+        params, trajectory = {"temperature": 1.0}, {"step": 1, "sample_index": 0, "validate": False}
+        out = asyncio.run(determinism.wrap_run_agent_loop(orig)(worker, params, trajectory, agent_name="a",
+                                                                session_id=2))
+        assert out == "out"
+        (self, p, t, kw), = seen
+        assert self is worker and p is params and t is trajectory and kw == {"agent_name": "a", "session_id": 2}
+        assert params == {"temperature": 1.0}
+    assert os.listdir(audit) == []
+
+
+def test_pass_through_build_replay_buffer_keeps_verls_batch_order(plain_config, tmp_path, audit):
+    """The ReplayBuffer entries (_select_prompt_uids, _materialize_batch) act through the buffer this builds: for a
+    job without the switch the buffer is verl's, its methods the class's."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    buffer = ReplayBuffer.__new__(ReplayBuffer)
+    spy = Spy()
+    spy.result = buffer
+    t = _trainer(plain_config, tmp_path)
+    assert determinism.wrap_build_replay_buffer(spy)(t) is buffer
+    _same(spy.calls[0], (t,), {})
+    assert vars(buffer) == {} and os.listdir(audit) == []
+    assert not hasattr(ReplayBuffer._select_prompt_uids, "__wrapped__")
+    assert not hasattr(ReplayBuffer._materialize_batch, "__wrapped__")
+
+
+def test_with_the_switch_the_buffer_is_ordered_and_the_audit_says_so(plain_config, tmp_path, audit):
+    """The counterpart: the same wrapper acts for a job with trainer.reproducible=True, and records it."""
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    buffer = ReplayBuffer.__new__(ReplayBuffer)
+    spy = Spy()
+    spy.result = buffer
+    t = _trainer(_merged(plain_config, {"trainer": {"reproducible": True}}), tmp_path)
+    assert determinism.wrap_build_replay_buffer(spy)(t) is buffer
+    assert {"_select_prompt_uids", "_materialize_batch"} <= set(vars(buffer))
+    assert sorted(name.split(".", 1)[1] for name in os.listdir(audit)) == [
+        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._build_replay_buffer"]
+    other = ReplayBuffer.__new__(ReplayBuffer)
+    assert vars(other) == {}  # another instance (another job's trainer in the process) keeps verl's methods
+
+
+def test_a_switch_that_is_not_a_boolean_is_one_clear_error(plain_config):
+    from stapo_verl.algo.config_ranges import StapoConfigError
+
+    config = _merged(plain_config, {"trainer": {"reproducible": "yes"}})
+    with pytest.raises(StapoConfigError, match=r"trainer.reproducible='yes': allowed true or false.*Fix: "):
+        driver_config.wrap_validate_config(Spy())(config, True, False)
