@@ -38,6 +38,7 @@ def _probe():
     result = {"stapo_loss": "stapo" in POLICY_LOSS_REGISTRY,
               "plugin_module_loaded": "stapo_verl.plugin" in _sys.modules, "pid": os.getpid(),
               "ppo_loss": f"{engine_workers.ppo_loss.__module__}.{engine_workers.ppo_loss.__qualname__}",
+              "ppo_loss_dispatch": bool(getattr(engine_workers.ppo_loss, "__stapo_integration__", False)),
               "train_batch_patched": bool(getattr(engine_workers.TrainingWorker.train_batch,
                                                   "__stapo_integration__", False))}
     if result["plugin_module_loaded"]:
@@ -71,7 +72,8 @@ def test_fresh_ray_worker_sees_stapo_through_entry_point_alone(local_ray):
     assert res["pid"] != os.getpid()
     assert res["plugin_module_loaded"] is True and res["stapo_loss"] is True
     assert res["masks"] == sorted(TOKEN_MASKS)
-    assert res["ppo_loss"] == "stapo_verl.core.losses.ppo_loss" and res["train_batch_patched"] is True
+    # the dispatcher (functools.wraps of verl's ppo_loss): the plugin's masked loss only for a job with a mask
+    assert res["ppo_loss_dispatch"] is True and res["train_batch_patched"] is True
     assert res["error"] is None
 
 
@@ -79,7 +81,7 @@ def test_plugins_disabled_self_check_raises_clear_error(local_ray):
     env = {"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "none"}}
     res = ray.get(ray.remote(_probe).options(runtime_env=env).remote())
     assert res["plugin_module_loaded"] is False and res["train_batch_patched"] is False
-    assert res["ppo_loss"] == "verl.workers.utils.losses.ppo_loss"  # verl untouched
+    assert res["ppo_loss"] == "verl.workers.utils.losses.ppo_loss" and res["ppo_loss_dispatch"] is False
     assert "StapoNotRegisteredError" in res["error"]  # hydra wraps it in InstantiationException, as in verl
     for hint in ("plugin is not loaded in this process", "pip install stapo-verl", "VERL_USE_EXTERNAL_PLUGINS"):
         assert hint in res["error"]
