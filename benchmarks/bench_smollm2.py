@@ -173,15 +173,17 @@ def main(argv=None) -> int:
              f"- responses: {len(samples)}, response tokens: {n_tok}, reward mean {float(scores.mean()):+.3f} "
              f"({int((scores > 0).sum())} correct), truncated at {a.max_tokens}: "
              f"{sum(len(s['response']) >= a.max_tokens for s in samples)}",
-             "- p of the sampled token, quantiles " + ", ".join(f"{q:g}: {float(torch.quantile(p, q)):.3g}" for q in qs),
+             "- p of the sampled token, quantiles "
+             + ", ".join(f"{q:g}: {float(torch.quantile(p, q)):.3g}" for q in qs),
              "- entropy (nats), quantiles " + ", ".join(f"{q:g}: {float(torch.quantile(h, q)):.3g}" for q in qs),
              f"- tokens with p < {a.tau_p:g}: {float((p < a.tau_p).double().mean()):.4%}; with p < 1e-4: "
              f"{float((p < 1e-4).double().mean()):.4%}",
              f"- S2T (τ_p {a.tau_p:g}, q {a.q:g}) with the GRPO advantages: silenced {int((mask & ~keep).sum())} of "
              f"{n_tok} = {int((mask & ~keep).sum()) / max(n_tok, 1):.4%} (positive-advantage tokens: "
              f"{int(((adv > 0) & mask).sum())})",
-             f"- S2T if every token had a positive advantage (upper bound): silenced {int((mask & ~keep_all_pos).sum())}"
-             f" = {int((mask & ~keep_all_pos).sum()) / max(n_tok, 1):.4%} (paper: about {PAPER_SILENCED_SHARE:.2%})",
+             f"- S2T if every token had a positive advantage (upper bound): silenced "
+             f"{int((mask & ~keep_all_pos).sum())} = {int((mask & ~keep_all_pos).sum()) / max(n_tok, 1):.4%} "
+             f"(paper: about {PAPER_SILENCED_SHARE:.2%})",
              f"- wall: install {t_install:.0f} s, load {t_load:.0f} s, sampling {t_sample:.0f} s, total {t_all:.0f} s",
              ""]
     text = "\n".join(lines)

@@ -65,9 +65,10 @@ def load_optimizer(model, actor_dir: Path, config):
     for i, s in state["state"].items():
         for k, v in list(s.items()):
             s[k] = v.to_local() if hasattr(v, "to_local") else v
-        if int(i) >= len(params) or s["exp_avg"].shape != params[int(i)].shape:
+        want = tuple(params[int(i)].shape) if int(i) < len(params) else None
+        if tuple(s["exp_avg"].shape) != want:
             raise ValueError(f"{path}: state {i} does not fit parameter {i} of the model "
-                             f"({tuple(s['exp_avg'].shape)} vs {tuple(params[int(i)].shape) if int(i) < len(params) else None})")
+                             f"({tuple(s['exp_avg'].shape)} vs {want})")
     opt = build_optimizer(params, config.optim)
     opt.load_state_dict(state)
     return opt
@@ -209,8 +210,9 @@ def main(argv=None) -> int:
               f"{row['without_random']['dacc']:+.4f} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     lines = [f"Run: {a.run} (seed {a.seed}); τ_p {a.tau_p:g}, q {a.q:g}; held-out: {a.val_prompts} validation "
              f"prompts, accuracy from {a.val_n} seeded samples each (same seeds in every arm).", "",
-             "| checkpoint | silenced / valid | acc | Δacc all / without S2T / without random | ΔH all / without S2T / "
-             "without random | KL all / without S2T / without random |", "|---|---|---|---|---|---|"]
+             "| checkpoint | silenced / valid | acc | Δacc all / without S2T / without random | "
+             "ΔH all / without S2T / without random | KL all / without S2T / without random |",
+             "|---|---|---|---|---|---|"]
     for r in per:
         lines.append(f"| {r['step']} | {r['silenced']} / {r['valid']} | {r['acc0']:.3f} | "
                      + " / ".join(f"{r[x]['dacc']:+.4f}" for x in ARMS) + " | "

@@ -184,7 +184,8 @@ def build(out: Path | None = None, force: bool = False, log=print) -> dict:
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(str(out / "model"), safe_serialization=True)
     tok.save_pretrained(str(out / "model"))
-    pd.DataFrame([ma.verl_row(p, "train", i) for i, p in enumerate(rl_train)]).to_parquet(out / "data" / "train.parquet")
+    train_rows = [ma.verl_row(p, "train", i) for i, p in enumerate(rl_train)]
+    pd.DataFrame(train_rows).to_parquet(out / "data" / "train.parquet")
     pd.DataFrame([ma.verl_row(p, "val", i) for i, p in enumerate(val)]).to_parquet(out / "data" / "val.parquet")
     measured = j_probability(model, tok, val[:128])
     manifest = {
@@ -194,7 +195,8 @@ def build(out: Path | None = None, force: bool = False, log=print) -> dict:
         "n_params": sum(p.numel() for p in model.parameters()), "sample_temperature": ma.SAMPLE_TEMPERATURE,
         "eos_token": ma.EOS_TOKEN, "end_of_turn_token": ma.END_OF_TURN, "model": dict(ma.MODEL),
         "head_dim": ma.DEFAULT_HEAD_DIM, "sft": {**ma.SFT, "label_smoothing": LABEL_SMOOTHING},
-        "planted": {"design": design(), "j": J_TEXT, "j_id": j_ids[0], "p_first": P_FIRST, "p_next": P_NEXT, "break_at": BREAK_AT,
+        "planted": {"design": design(), "j": J_TEXT, "j_id": j_ids[0], "p_first": P_FIRST, "p_next": P_NEXT,
+                    "break_at": BREAK_AT,
                     "sft_copies": SFT_COPIES,
                     "seed": PLANT_SEED, "sft_share_one_j": counts.count(1) / len(counts),
                     "sft_share_two_or_more_j": sum(k >= 2 for k in counts) / len(counts), "warm_start": measured},
