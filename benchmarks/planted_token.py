@@ -374,10 +374,12 @@ def measure_run(run_dir: Path, assets: Path, prompts: int = 128) -> dict:
     """:func:`j_probability` at every checkpoint of ``run_dir`` (``ckpt/global_step_<n>/actor``; step 0 = the warm
     start) and :func:`mask_vs_j` of the run. One torch thread (the numbers do not depend on the machine's load)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     import tiny_policy as tp
 
     torch.set_num_threads(1)
+    hf_logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint otherwise
     manifest = json.loads((Path(assets) / "assets.json").read_text())
     val = [{"question": r["prompt"][0]["content"], "solution": r["extra_info"]["solution"],
             "answer": r["reward_model"]["ground_truth"]} for r in tp.read_rows(manifest["val_file"])[:prompts]]

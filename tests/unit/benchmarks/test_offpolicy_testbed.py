@@ -25,11 +25,13 @@ def test_a_flat_plateau_fails_at_most_five_percent_of_the_time(ot):
     assert ot.VAL_SE_BOUND == pytest.approx(math.sqrt(0.25 / 2560))
     assert ot.false_fail_rate(ot.VAL_SE_BOUND) <= 0.05
     assert ot.false_fail_rate(2 * ot.VAL_SE_BOUND) <= 0.05  # the mean@1 validation's 2 points
-    # the first testbed's rule (5 points, mean@1) on the same plateau fails far more often: what was fixed
+    # every 10 steps as well (11 validation points, not 6)
+    assert ot.false_fail_rate(2 * ot.VAL_SE_BOUND, val_freq=10) <= 0.05
+    # the first testbed's rule (5 points, mean@1, every 10 steps) on that plateau fails far more often: what was fixed
     rng = random.Random(0)
     first = [ot.tb.instability({s: {ot.tb.VAL_KEY: m[ot.VAL_KEY]} for s, m in
-                                ot.plateau_metrics(rng, val_se=2 * ot.VAL_SE_BOUND).items() if ot.VAL_KEY in m})
-             .failed for _ in range(1000)]
+                                ot.plateau_metrics(rng, val_se=2 * ot.VAL_SE_BOUND, val_freq=10).items()
+                                if ot.VAL_KEY in m}).failed for _ in range(1000)]
     assert sum(first) / len(first) > 0.10
 
 
@@ -88,7 +90,7 @@ def test_the_commands_take_four_mini_batches_and_mean_at_4(ot, tmp_path):
     assert env["VAL_N"] == "4" and "STAPO_ASSETS" not in env
     assert "actor_rollout_ref.actor.ppo_mini_batch_size=4" in argv
     assert argv[-1] == "actor_rollout_ref.actor.optim.lr=5e-5"  # the setting's overrides come last
-    assert "trainer.total_training_steps=100" in argv and "data.seed=3" in argv
+    assert "trainer.total_training_steps=100" in argv and "data.seed=3" in argv and "trainer.test_freq=20" in argv
     assert {"trainer.save_freq=10", "trainer.max_actor_ckpt_to_keep=null"} <= set(argv)  # the counterfactual's
     _, argv = ot.run_command(ot.SETTINGS["mb4_lr5e-5"], "stapo", 3, tmp_path / "s")
     assert "trainer.save_freq=100" in argv and "trainer.max_actor_ckpt_to_keep=null" not in argv
