@@ -415,6 +415,7 @@ def main(argv=None) -> int:
     arms = [x.strip() for x in a.arms.split(",") if x.strip()]
     if unknown := [x for x in arms if x not in ARMS]:
         ap.error(f"--arms: unknown arm(s) {unknown}; known: {list(ARMS)}")
+    arms = ["vanilla", *[x for x in arms if x != "vanilla"]] if "vanilla" in arms else arms  # the baseline first
     setting, seeds, cpu = SETTINGS[a.setting], list(range(1, a.seeds + 1)), tb.cpu_type()
     steps = 3 if a.smoke else setting.steps
     out, store = a.out.resolve(), store_dir(a.store.resolve(), setting, a.smoke)
