@@ -76,7 +76,9 @@ def load(gguf: Path):
     """``(model, tokenizer)`` from the GGUF file (fp32, eval mode, SDPA attention)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the GGUF conversion's per-tensor bar
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     return model.eval(), tok

@@ -33,6 +33,8 @@ def test_j_is_rare_and_planted_at_confident_slots(planted):
 def test_the_policy_samples_few_js_and_several_break_the_answer(planted):
     pt, policy, rows, _ = planted
     s = pt.sampled_j(policy, rows[:128], n=4, seed=1)
-    assert 0 < s["j_rate"] < 0.01
+    assert 0 < s["j_rate"] < 0.01  # rare
+    # but far above a stray token's rate (0.01 of the mass over ~370 tokens, ~20 positions: ~0.3 of 512 responses)
+    assert s["responses_with_j"] >= 15
     assert s["acc_no_j"] > 0.5
-    assert s["acc_two_or_more_j"] is None or s["acc_two_or_more_j"] < s["acc_no_j"] - 0.3
+    assert s["acc_two_or_more_j"] is not None and s["acc_two_or_more_j"] < s["acc_no_j"] - 0.3
