@@ -423,9 +423,15 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
         report.config = compose_config(overrides)
         return f"verl's trainer config with {len(overrides)} overrides"
 
+    def override_types(config) -> str:
+        from stapo_verl.launch.override_types import check_composed
+
+        return f"{check_composed(overrides, config)} overrides of a typed key, each of its type"
+
     steps: tuple[tuple[str, Callable[[Any], str | Check]], ...] = (
         ("verl version", _check_verl_version),
         ("hydra compose (main_ppo's config)", compose),
+        ("override types (each value of the type its key wants)", override_types),
         ("plugin import + entry point + verl version", _check_plugin),
         ("main_ppo.main: auto_set_device + validate_config + run_ppo up to ray.init", lambda c: _run_main(c, report)),
         ("loss mode registered", _check_loss_registered),

@@ -73,21 +73,57 @@ def config_cause(exc: BaseException) -> BaseException:
     return exc
 
 
+def _passes(name: str, value) -> bool:
+    """True when ``value`` is allowed for the policy-loss key ``name`` (its range in
+    :data:`stapo_verl.algo.config_ranges.RANGES`; a key without a range allows any value of its type)."""
+    from stapo_verl.algo.config_ranges import RANGES
+
+    rule = RANGES.get(name)
+    try:
+        return rule is None or bool(rule.test(value))
+    except TypeError:
+        return False
+
+
+def _renamed_fix(key: str, value) -> str | None:
+    """The fix for a renamed policy-loss key (``tau_p`` → ``s2t_tau_p``): drop the old key and set the new one, to
+    ``value`` when the new key allows it, else to the new key's default. None when ``key`` was not renamed."""
+    from stapo_verl.algo.config_ranges import KEY
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import RENAMED_KEYS
+
+    old = key[len(KEY) + 1:] if key.startswith(KEY + ".") else key
+    new = RENAMED_KEYS.get(old)
+    if new is None:
+        return None
+    try:
+        keep = value is not None and _passes(new, float(value))
+    except (TypeError, ValueError):
+        keep = False
+    target = float(value) if keep else default_of(f"{KEY}.{new}")
+    why = "" if keep else f" ({value} is outside the new key's range; its default)"
+    return f"remove {key} and set {KEY}.{new}={target}{why}"
+
+
 def config_error_message(exc: BaseException) -> str:
-    """One line for a config error: its message and, when it names one key with a default, the default and the
-    override that fixes it (``StapoConfigError.key`` / ``.allowed``, :mod:`stapo_verl.algo.config_ranges`)."""
+    """One line for a config error: its message and, when it names one key, the fix, a value that passes the check
+    (``StapoConfigError.key`` / ``.allowed``, :mod:`stapo_verl.algo.config_ranges`): for a renamed key the new key
+    with the value given (or its default when the value is out of the new key's range), for another key its
+    default. The raiser's own ``Fix:`` is replaced by this one, so the line has one."""
     exc = config_cause(exc)
     text = " ".join(str(exc).split())
     key, allowed = getattr(exc, "key", None), getattr(exc, "allowed", None)
     if key is None:
         return text
+    renamed = _renamed_fix(key, getattr(exc, "value", None))
+    if renamed is not None:
+        return f"{text.split(' Fix: ')[0]} Fix: {renamed}"
     try:
         default = default_of(key)
     except KeyError:
         return text
     default = "null" if default is None else default
     other = f" or another value with {allowed}" if allowed else ""
-    return f"{text}; default {default}. Fix: {key}={default}{other}"
+    return f"{text.split(' Fix: ')[0]}; default {default}. Fix: {key}={default}{other}"
 
 
 def validate_policy_loss(config) -> None:

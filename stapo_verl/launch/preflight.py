@@ -427,6 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001  (Hydra / OmegaConf: one line)
         print(f"{PREFIX} ERROR: the overrides do not compose: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_CONFIG
+    from stapo_verl.launch.override_types import OverrideTypeError, check_composed
+
+    try:
+        check_composed(argv, config)
+    except OverrideTypeError as exc:
+        print(f"{PREFIX} ERROR: invalid config: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     route = gather_route_facts(route_modules(config))
     return run(config, gather_gpu_facts(), route, os.environ, netrc_hosts())
 

@@ -37,7 +37,7 @@ In one process, so verl and the plugin are imported once:
 
 Before step 1, :func:`checked_config` stops with one line naming the fix, and exit status
 :data:`~stapo_verl.launch.errors.EXIT_CONFIG` (2), on a verl the plugin was not written for, overrides that do not
-compose, a config value the plugin refuses (with its default and the override that fixes it) and bad data files
+compose, an override of the wrong type (:mod:`stapo_verl.launch.override_types`), a config value the plugin refuses (with its default and the override that fixes it) and bad data files
 (columns, data sources, prompt lengths: :mod:`stapo_verl.launch.data_checks`).
 
 Exit status: main_ppo's (0 = trained); :data:`EXIT_COMPLETE` = already complete, nothing run; 2 = nothing started:
@@ -196,6 +196,12 @@ def checked_config(overrides: list[str], verl_problems: list[str] | None = None)
         # one line (Hydra's messages span several: the reason and the "+key" hint would be hidden by the console)
         cause = f" (caused by {type(exc.__cause__).__name__}: {exc.__cause__})" if exc.__cause__ else ""
         return fail("the overrides do not compose", " ".join(f"{type(exc).__name__}: {exc}{cause}".split()))
+    from stapo_verl.launch.override_types import OverrideTypeError, check_composed
+
+    try:
+        check_composed(overrides, config)
+    except OverrideTypeError as exc:
+        return fail("invalid config", str(exc))
     try:
         errors.validate_policy_loss(config)
     except Exception as exc:  # noqa: BLE001  (the plugin's StapoConfigError, verl's ValueError: one line)
@@ -382,7 +388,11 @@ def main(argv: list[str] | None = None, verl_problems: list[str] | None = None) 
     config = checked_config(a.overrides, verl_problems)
     if config is None:
         return EXIT_CONFIG
-    state = resume_state(config)
+    try:
+        state = resume_state(config)
+    except ValueError as exc:  # trainer.resume_mode / resume_from_path: nothing started, one line
+        print(f"{PREFIX} ERROR: invalid config: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     if state.complete:
         print(complete_message(state, a.command, a.run_dir), file=sys.stderr, flush=True)
         return EXIT_COMPLETE
