@@ -11,6 +11,12 @@ then only the columns they need:
   and the ``data.reward_fn_key`` column (default ``data_source``), strings;
 * :func:`check_routes`: with the project's scorer as the reward function (``pkg://stapo_verl.rewards``), every
   ``data_source`` value has a route (:func:`stapo_verl.rewards.routing.route_for`);
+* :func:`check_rows`: every row holds what the scorer reads: a ground truth it can compare
+  (:func:`stapo_verl.rewards.ground_truth.ground_truth_problem`: present, non-empty, a string or a finite number), a
+  non-empty prompt and, with the project's scorer, a routed ``data_source``. verl would score the responses of a row
+  without a ground truth −1, correct ones included, and say nothing; the refused rows are counted and named (file,
+  row, field) with the fix, and ``python -m stapo_verl.launch.data_checks --drop-bad-rows IN OUT`` writes a copy
+  without them when the user asks for that (:func:`drop_bad_rows`);
 * :func:`check_prompt_lengths`: prompt tokens (the chat template with ``add_generation_prompt=True``, as
   ``RLHFDataset``'s filter counts them) against ``data.max_prompt_length``. verl's agent loop left-truncates a longer
   prompt with a log warning (``AgentLoopBase._cap_text_prompt_length``) whatever ``data.truncation`` says, so a longer
@@ -121,6 +127,84 @@ def check_routes(path: str, source_key: str = "data_source") -> list[str]:
     return values
 
 
+def row_problems(path: str, prompt_key: str = "prompt", source_key: str = "data_source",
+                 routed: bool = True) -> tuple[int, list[tuple[int, str, str]]]:
+    """The rows of ``path`` the scorer cannot score (reads the prompt, ``reward_model`` and data-source columns).
+
+    Args:
+        path: a parquet file with the columns :func:`check_schema` checks.
+        prompt_key, source_key: ``data.prompt_key``, ``data.reward_fn_key``.
+        routed: also refuse a ``data_source`` the project's scorer has no route for.
+
+    Returns:
+        ``(rows, problems)``: the row count and ``(row index, field, what is wrong)`` per refused row (the first
+        problem of each row), in row order.
+    """
+    import pyarrow.parquet as pq
+
+    from stapo_verl.rewards.ground_truth import ground_truth_problem
+    from stapo_verl.rewards.routing import UnknownDataSourceError, route_for
+
+    table = pq.read_table(path, columns=[prompt_key, "reward_model", source_key])
+    prompts, rms, sources = (table[c].to_pylist() for c in (prompt_key, "reward_model", source_key))
+    problems = []
+    for i, (prompt, rm, source) in enumerate(zip(prompts, rms, sources)):
+        gt_problem = "is missing (no reward_model)" if rm is None else ground_truth_problem(rm.get("ground_truth"))
+        if gt_problem is not None:
+            gt = None if rm is None else rm.get("ground_truth")
+            problems.append((i, "reward_model.ground_truth", f"{gt!r} {gt_problem}"))
+        elif not prompt or not any(str((m or {}).get("content") or "").strip() for m in prompt):
+            problems.append((i, prompt_key, "is empty (no message with content)"))
+        elif routed:
+            try:
+                route_for(source)
+            except UnknownDataSourceError:
+                problems.append((i, source_key, f"{source!r} has no scorer in {PROJECT_SCORER}"))
+    return table.num_rows, problems
+
+
+def check_rows(path: str, prompt_key: str = "prompt", source_key: str = "data_source", routed: bool = True) -> int:
+    """Every row of ``path`` can be scored (:func:`row_problems`).
+
+    Returns:
+        The row count.
+    Raises:
+        DataCheckError: naming the file, the count, the first :data:`SHOW` refused rows (row, field, value, what is
+            wrong) and the two fixes (complete the rows; or drop them with ``--drop-bad-rows``).
+    """
+    rows, problems = row_problems(path, prompt_key, source_key, routed)
+    if problems:
+        named = "; ".join(f"row {i} {field} {what}" for i, field, what in problems[:SHOW])
+        more = f" (and {len(problems) - SHOW} more)" if len(problems) > SHOW else ""
+        stem = path[:-len(".parquet")] if path.endswith(".parquet") else path
+        raise DataCheckError(
+            f"{path}: {len(problems)} of {rows} rows cannot be scored: {named}{more}. verl would train on them and "
+            f"score their responses as wrong answers, correct ones included. Fix: complete those rows (python -m "
+            f"stapo_verl.data.prepare writes every field), or leave them out: python -m stapo_verl.launch.data_checks "
+            f"--drop-bad-rows {path} {stem}.checked.parquet, and point data.train_files / data.val_files at that file")
+    return rows
+
+
+def drop_bad_rows(src: str, dst: str, prompt_key: str = "prompt", source_key: str = "data_source",
+                  routed: bool = True) -> tuple[int, list[tuple[int, str, str]]]:
+    """Write the rows of ``src`` that :func:`row_problems` accepts to ``dst`` (same schema and order).
+
+    Returns:
+        ``(rows kept, the rows left out with their problems)``.
+    Raises:
+        OSError: ``src`` cannot be read or ``dst`` written. DataCheckError: ``src`` fails :func:`check_schema`.
+    """
+    import pyarrow.parquet as pq
+
+    check_schema(src, prompt_key, source_key)
+    _rows, problems = row_problems(src, prompt_key, source_key, routed)
+    table = pq.read_table(src)
+    bad = {i for i, _, _ in problems}
+    kept = table.take([i for i in range(table.num_rows) if i not in bad])
+    pq.write_table(kept, dst)
+    return kept.num_rows, problems
+
+
 def prompt_lengths(path: str, count: Callable[[list], int], prompt_key: str = "prompt") -> list[int]:
     """Token count of every prompt of ``path`` (reads that column only); ``count(messages) -> int``."""
     import pyarrow.parquet as pq
@@ -209,13 +293,14 @@ def check_data(config, model_path: str | None = None) -> DataReport:
         check_schema(path, prompt_key, source_key)
         if ours:
             sources.update(check_routes(path, source_key))
+        check_rows(path, prompt_key, source_key, routed=ours)
         if count is not None:
             w = check_prompt_lengths(path, prompt_lengths(path, count, prompt_key), data.max_prompt_length,
                                      bool(data.get("filter_overlong_prompts", False)),
                                      str(data.get("truncation", "error")))
             warnings += [w] if w else []
     parts = [f"{len(present)}/{len(files)} data files here: columns {prompt_key}, reward_model.ground_truth, "
-             f"{source_key} present"]
+             f"{source_key} present; every row's ground truth and prompt present"]
     if ours:
         parts.append(f"data sources {sorted(sources)} routed by {PROJECT_SCORER}")
     parts.append(f"prompt lengths <= data.max_prompt_length={data.max_prompt_length} checked" if count
@@ -223,3 +308,36 @@ def check_data(config, model_path: str | None = None) -> DataReport:
     if len(present) < len(files):
         parts.append(f"absent here: {[f for f in files if f not in present][:SHOW]}")
     return DataReport("; ".join(parts), tuple(warnings))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m stapo_verl.launch.data_checks --drop-bad-rows IN OUT``: write IN's rows that can be scored to OUT
+    and name the ones left out (:func:`drop_bad_rows`). Returns the exit status (2: IN is unreadable or lacks a
+    column)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m stapo_verl.launch.data_checks",
+                                 description="Write a copy of a data file without the rows the scorer cannot score.")
+    ap.add_argument("--drop-bad-rows", nargs=2, metavar=("IN", "OUT"), required=True)
+    ap.add_argument("--prompt-key", default="prompt", help="data.prompt_key (default prompt)")
+    ap.add_argument("--source-key", default="data_source", help="data.reward_fn_key (default data_source)")
+    ap.add_argument("--any-source", action="store_true",
+                    help="keep rows whose data_source the project's scorer does not route (your own reward function)")
+    a = ap.parse_args(argv)
+    src, dst = a.drop_bad_rows
+    try:
+        kept, problems = drop_bad_rows(src, dst, a.prompt_key, a.source_key, routed=not a.any_source)
+    except (DataCheckError, OSError) as exc:
+        print(f"[stapo data] ERROR: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    for i, field, what in problems[:SHOW]:
+        print(f"[stapo data] left out row {i}: {field} {what}")
+    if len(problems) > SHOW:
+        print(f"[stapo data] ... and {len(problems) - SHOW} more rows left out")
+    print(f"[stapo data] {dst}: {kept} rows kept, {len(problems)} left out of {src}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

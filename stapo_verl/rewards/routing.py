@@ -37,6 +37,7 @@ from types import MappingProxyType
 
 from stapo_verl.rewards.dapo import score_dapo_format, score_strict_box
 from stapo_verl.rewards.equivalence import EXACT, RELATIVE_1E4, TOLERANCES, get_tolerance
+from stapo_verl.rewards.ground_truth import GroundTruthError, ground_truth_problem
 from stapo_verl.rewards.math_verify_scorer import score_math_verify
 from stapo_verl.rewards.timeout import DEFAULT_TIMEOUT_S, KillableRunner
 
@@ -47,7 +48,7 @@ DAPO_FORMAT = "dapo_format"
 MATH_VERIFY = "math_verify"
 SCORERS = (STRICT_BOX, DAPO_FORMAT, MATH_VERIFY)
 #: Keys of every :func:`compute_score` result (verl builds its reward-extra arrays from the first sample's keys).
-RESULT_KEYS = ("score", "acc", "pred", "timeout", "no_box", "data_source")
+RESULT_KEYS = ("score", "acc", "pred", "timeout", "no_box", "data_source", "ground_truth_error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,10 +174,12 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
         **kwargs: other verl keywords (``reward_router_address``, ...) are ignored.
 
     Returns:
-        ``{"score": ±1.0, "acc": bool, "pred": str, "timeout": bool, "no_box": bool, "data_source": str}``, the
-        same keys (:data:`RESULT_KEYS`) for every call.
+        ``{"score": ±1.0, "acc": bool, "pred": str, "timeout": bool, "no_box": bool, "data_source": str,
+        "ground_truth_error": False}``, the same keys (:data:`RESULT_KEYS`) for every call.
 
     Raises:
+        stapo_verl.rewards.ground_truth.GroundTruthError: ``ground_truth`` is missing, empty or of a type no scorer
+            compares (:func:`stapo_verl.rewards.ground_truth.ground_truth_problem`), instead of scoring −1.
         UnknownDataSourceError: unknown ``data_source``, ``scorer`` or ``tolerance``.
         ValueError: negative ``timeout_s``, or no ``runner`` with a ``timeout_s`` other than 0.
         stapo_verl.rewards.timeout.WorkerStartError: the reward workers cannot start (e.g. math-verify missing, or
@@ -195,6 +198,9 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     if route.scorer != MATH_VERIFY and route.tolerance != EXACT.name:
         raise UnknownDataSourceError(
             f"scorer={route.scorer!r} compares exactly; tolerance={route.tolerance!r} is only for 'math_verify'")
+    problem = ground_truth_problem(ground_truth)
+    if problem is not None:
+        raise GroundTruthError(data_source, ground_truth, problem)
     solution_str, ground_truth = str(solution_str), str(ground_truth)
     if timeout_s is not None and float(timeout_s) < 0:
         raise ValueError(f"timeout_s must be >= 0, got {timeout_s!r}")
@@ -215,7 +221,16 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
             out = result.value
     # verl's validation dump records reward-extra keys per row; the source lets stapo_verl.plots compute a
     # per-benchmark standard error. verl skips string values in its metrics.
-    return {**out, "data_source": str(data_source)}
+    return {**out, "data_source": str(data_source), "ground_truth_error": False}
+
+
+def ground_truth_error_result(data_source) -> dict:
+    """What :class:`RewardFunction` returns for a row :func:`compute_score` refused with :class:`GroundTruthError`:
+    score 0 (neither right nor wrong: in a GRPO group, every response of the row scores 0, so its advantages are 0
+    and it moves nothing) and ``ground_truth_error=True``, which verl's validation reports as
+    ``val-aux/<data_source>/ground_truth_error/mean@1``."""
+    return {"score": 0.0, "acc": False, "pred": "", "timeout": False, "no_box": False, "data_source": str(data_source),
+            "ground_truth_error": True}
 
 
 class RewardFunction:
@@ -234,6 +249,7 @@ class RewardFunction:
     def __init__(self, runner: KillableRunner | None = None) -> None:
         self._runner = runner
         self._lock = threading.Lock()
+        self._warned = False
 
     @property
     def runner(self) -> KillableRunner:
@@ -249,11 +265,20 @@ class RewardFunction:
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                  **kwargs) -> dict:
-        """:func:`compute_score` with this function's runner (same arguments, results and errors)."""
+        """:func:`compute_score` with this function's runner (same arguments, results and errors), except for a
+        :class:`~stapo_verl.rewards.ground_truth.GroundTruthError`: that row gets :func:`ground_truth_error_result`
+        (an error metric, not a wrong answer) and the first one is logged once."""
         timeout_s = kwargs.get("timeout_s")
         in_process = timeout_s is not None and float(timeout_s) == 0
-        return compute_score(data_source, solution_str, ground_truth, extra_info,
-                             runner=None if in_process else self.runner, **kwargs)
+        try:
+            return compute_score(data_source, solution_str, ground_truth, extra_info,
+                                 runner=None if in_process else self.runner, **kwargs)
+        except GroundTruthError as exc:
+            with self._lock:
+                first, self._warned = not self._warned, True
+            if first:
+                logger.warning("%s; such rows score 0 with ground_truth_error=True (logged once)", exc)
+            return ground_truth_error_result(data_source)
 
     def close(self) -> None:
         """Stop the workers (idempotent; a later call starts new ones)."""
