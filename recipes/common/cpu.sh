@@ -59,6 +59,7 @@
 stapo_cpu_setup() {
     local method=$1 root
     root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+    stapo_cpu_user_env
     # The project's venv: scripts/setup_env.sh creates or updates it (a no-op when its stamp matches setup.cfg).
     # A STAPO_VENV the user chose is used as it is.
     : "${ROLLOUT:=cpu}"
@@ -271,13 +272,40 @@ stapo_cpu_megatron() {
 }
 # <<< megatron on cpu
 
-# stapo_cpu_command <method>: the command a user types for this tiny run (for messages).
+# stapo_cpu_user_env: the recipe variables (every NAME the recipe files read as ${NAME:-...} / ${NAME:=...}, and
+# STAPO_VENV) that the caller's environment sets, before the recipe sets any: STAPO_CPU_USER_ENV=(NAME=value ...),
+# shell-quoted. The resume hint repeats them.
+stapo_cpu_user_env() {
+    local name names
+    STAPO_CPU_USER_ENV=()
+    names=$(grep -ohE '\$\{[A-Za-z][A-Za-z0-9_]*:[-=]' "$RECIPES_DIR"/common/*.sh | sed -E 's/^\$\{//; s/:.$//' | sort -u)
+    for name in $names STAPO_VENV; do
+        [[ $name == STAPO_RUN_DIR || $name == SLURM_* ]] && continue
+        if printenv "$name" >/dev/null; then
+            STAPO_CPU_USER_ENV+=("$name=$(printf '%q' "${!name}")")
+        fi
+    done
+}
+
+# stapo_cpu_command <method>: the command that runs this tiny run again, as the user types it (for the messages:
+# the stop's resume hint, "already complete"): STAPO_RUN_DIR=<the run dir>, the recipe variables the caller set
+# (stapo_cpu_user_env), the recipe (relative to the working directory when that is the checkout) and the Hydra
+# overrides, each shell-quoted, so that running it literally resumes this run.
 stapo_cpu_command() {
+    local root script words=()
+    root="$(cd "$RECIPES_DIR/.." && pwd)"
     if [[ -f $RECIPES_DIR/tiny_cpu_$1.sh ]]; then
-        echo "bash recipes/tiny_cpu_$1.sh"
+        script="recipes/tiny_cpu_$1.sh"
     else
-        echo "bash recipes/run.sh tiny $1"
+        script="recipes/run.sh tiny $1"
     fi
+    [[ $PWD == "$root" ]] || script="$root/$script"
+    words=("STAPO_RUN_DIR=$(printf '%q' "$RUN_DIR")" ${STAPO_CPU_USER_ENV[@]+"${STAPO_CPU_USER_ENV[@]}"} bash "$script")
+    local arg
+    for arg in ${EXTRA[@]+"${EXTRA[@]}"}; do
+        words+=("$(printf '%q' "$arg")")
+    done
+    echo "${words[*]}"
 }
 
 # stapo_cpu_wait_through_stop: SIGINT/SIGTERM (Ctrl-C, Slurm's stop) reach every process of the group; the launcher

@@ -116,7 +116,9 @@ def remove_incomplete_checkpoints(save_dir: str) -> tuple[int | None, list[str]]
 
 def stopped_message(signal_name: str, save_dir: str, last_step: int | None, command: str) -> str:
     """The one line the launcher prints when a signal stopped the run: where the last complete checkpoint is and that
-    the same command resumes from it (or starts again, without one)."""
+    the same command resumes from it (or starts again, without one). ``command``: the launcher's ``--command``, for
+    the tiny recipes the whole command with the run directory, the caller's recipe variables and the Hydra overrides
+    (``stapo_cpu_command`` in ``recipes/common/cpu.sh``), so that it resumes when run literally."""
     if last_step is None:
         return (f"{PREFIX} stopped by {signal_name} before the first checkpoint (none in {save_dir}); the same command "
                 f"starts the run again: {command}")
@@ -133,6 +135,12 @@ def complete_message(state: ResumeState, command: str, run_dir: str | None = Non
         f"  train this run on:  {command} trainer.total_training_steps={state.checkpoint_step + 10}",
     ]
     if run_dir:
-        lines.append(f"  start another run:  STAPO_RUN_DIR={run_dir}_2 {command}   (or delete {run_dir})")
+        import re
+        import shlex
+
+        other = f"STAPO_RUN_DIR={shlex.quote(run_dir + '_2')}"
+        again = (re.sub(r"STAPO_RUN_DIR=\S+", lambda _m: other, command, count=1) if "STAPO_RUN_DIR=" in command
+                 else f"{other} {command}")
+        lines.append(f"  start another run:  {again}   (or delete {run_dir})")
         lines.append(f"  its results:        {run_dir}/summary.md")
     return "\n".join(f"{PREFIX} {line}" for line in lines)

@@ -59,3 +59,49 @@ def test_after_stop_does_the_same_when_the_launcher_ended_first(tmp_path):
         f"[stapo recipe] stopped by SIGTERM; the last complete checkpoint is {ckpt}/global_step_3 (step 3); the same "
         "command resumes from it: bash recipes/tiny_cpu_stapo.sh")]
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step_3", "latest_checkpointed_iteration.txt"]
+
+
+RESUMABLE_ENTRY = '''
+import os, signal, sys
+
+def main():
+    base = next(a.split("=", 1)[1].strip("'") for a in sys.argv if a.startswith("trainer.default_local_dir="))
+    with open(os.environ["ARGV_OUT"], "a") as f:
+        f.write(repr(sys.argv[1:]) + "\\n")
+    if not os.path.exists(os.path.join(base, "latest_checkpointed_iteration.txt")):
+        os.makedirs(os.path.join(base, "global_step_1", "actor"))
+        open(os.path.join(base, "latest_checkpointed_iteration.txt"), "w").write("1")
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise SystemExit("not stopped")
+'''
+
+
+def test_the_resume_hint_run_literally_resumes_the_same_run(tmp_path):
+    """The tiny recipe stopped by SIGTERM after checkpoint 1 prints a command; that command, run as it is in a shell
+    without the first run's environment, resumes the same run directory (verl's steps 2-4) with the same overrides,
+    not a new run in outputs/."""
+    import ast
+
+    from support.recipes import BASE_ENV
+    from support.procs import REPO
+
+    (tmp_path / "stand_in_main.py").write_text(RESUMABLE_ENTRY)
+    run = tmp_path / "run dir"
+    harness = {"STAPO_MAIN_PPO": "stand_in_main:main", "PYTHONPATH": str(tmp_path),
+               "ARGV_OUT": str(tmp_path / "argv")}
+    overrides = ["trainer.total_training_steps=4", "actor_rollout_ref.actor.optim.lr=2e-6"]
+    first = subprocess.run(["bash", "recipes/tiny_cpu_stapo.sh", *overrides], cwd=REPO,
+                           env={**BASE_ENV, **harness, "STAPO_RUN_DIR": str(run), "TEST_FREQ": "2"},
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 143, first.stdout[-3000:] + first.stderr[-3000:]
+    (line,) = [x for x in first.stdout.splitlines() if "the same command resumes from it: " in x]
+    command = line.split("the same command resumes from it: ", 1)[1]
+    assert "STAPO_RUN_DIR=" in command and "TEST_FREQ=2" in command and overrides[1] in command
+
+    again = subprocess.run(["bash", "-c", command], cwd=REPO, env={**BASE_ENV, **harness},
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"[stapo recipe] training {run} (steps 2-4)" in again.stdout, again.stdout[-3000:]
+    argvs = [ast.literal_eval(x) for x in (tmp_path / "argv").read_text().splitlines()]
+    assert len(argvs) == 2 and argvs[0] == argvs[1]  # the same overrides, the same run directory
+    assert overrides[1] in argvs[1] and "trainer.test_freq=2" in argvs[1]
