@@ -120,3 +120,78 @@ def test_another_verl_is_the_line_on_screen(tmp_path, capsys, never_trains):
     screen = io.StringIO()
     Console(screen).feed(line + "\n")
     assert screen.getvalue() == line + "\n"  # the recipe's console shows it (not only train.log)
+
+
+def _table_parquet(path, ground_truths=("5", "7"), prompts=None):
+    """A train parquet of len(ground_truths) rows, row i with ground truth ground_truths[i]."""
+    rows = []
+    for i, gt in enumerate(ground_truths):
+        (row,) = _rows(f"What is {i}+5?")
+        row["reward_model"]["ground_truth"] = gt
+        if prompts is not None and prompts[i] is not None:
+            row["prompt"] = prompts[i]
+        rows.append(row)
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema()), path)
+    return str(path)
+
+
+def test_a_row_without_ground_truth_is_named_before_ray_and_left_out_on_request(tmp_path, capsys, never_trains):
+    """A null ground truth scored every response of its row −1, correct ones included; the launcher names the file,
+    the row and the field, with both fixes, and ``--drop-bad-rows`` writes a copy the launcher accepts."""
+    from stapo_verl.launch import data_checks
+
+    bad = _table_parquet(tmp_path / "train.parquet", ("5", None, "7", ""),
+                         prompts=[None, None, [{"role": "user", "content": "  "}], None])
+    val = _parquet(tmp_path / "val.parquet")
+    assert _main(tmp_path, _overrides(bad, val)) == EXIT_CONFIG
+    line = _one_error(capsys)
+    assert line.startswith(f"[stapo recipe] ERROR: bad data: {bad}: 3 of 4 rows cannot be scored: ")
+    assert "row 1 reward_model.ground_truth None is missing" in line
+    assert "row 2 prompt is empty" in line and "row 3 reward_model.ground_truth '' is empty" in line
+    fixed = str(tmp_path / "train.checked.parquet")
+    assert f"--drop-bad-rows {bad} {fixed}" in line
+    assert data_checks.main(["--drop-bad-rows", bad, fixed]) == 0
+    assert pq.read_table(fixed).to_pylist()[0]["reward_model"]["ground_truth"] == "5"
+    assert pq.read_table(fixed).num_rows == 1
+    capsys.readouterr()
+    assert train.checked_config(_overrides(fixed, val)) is not None
+
+
+def test_an_override_of_the_wrong_type_is_one_line_before_ray(tmp_path, capsys, never_trains):
+    """``trainer.total_training_steps=abc`` reached ``int()`` in the resume rule as a traceback labelled a main_ppo
+    failure; now it is one config error naming the key, the value, the type and the fix, with the config exit code,
+    and the dry run refuses it too."""
+    from stapo_verl.launch.dryrun import dry_run
+
+    files = _parquet(tmp_path / "train.parquet"), _parquet(tmp_path / "val.parquet")
+    assert _main(tmp_path, _overrides(*files, "trainer.total_training_steps=abc")) == EXIT_CONFIG
+    line = _one_error(capsys)
+    assert line.startswith("[stapo recipe] ERROR: invalid config: trainer.total_training_steps='abc' is a string; "
+                           "trainer.total_training_steps wants an integer"), line
+    assert "Fix: trainer.total_training_steps=null" in line
+    out = io.StringIO()
+    report = dry_run(_overrides(*files, f"{KEY}.s2t_tau_p=abc"), out=out)
+    assert not report.ok and "OK" not in out.getvalue().split()
+    (failed,) = [s for s in report.steps if s[1] == "FAIL"]
+    assert failed[0].startswith("override types") and f"{KEY}.s2t_tau_p='abc' is a string" in failed[2]
+
+
+@pytest.mark.parametrize("bad", [f"{KEY}.tau_p=-1", f"{KEY}.tau_p=0.05", f"{KEY}.s2t_tau_p=0",
+                                 "trainer.total_training_steps=abc", "actor_rollout_ref.actor.ppo_mini_batch_size=x",
+                                 "trainer.total_epochs=1.5"])
+def test_every_suggested_fix_passes_the_check(tmp_path, capsys, never_trains, bad):
+    """Each ``key=value`` after "Fix:" in the error line, put in place of the bad override, gives a config the
+    launcher accepts (the renamed key's message once suggested the refused value under the new name)."""
+    import re
+
+    files = _parquet(tmp_path / "train.parquet"), _parquet(tmp_path / "val.parquet")
+    assert _main(tmp_path, _overrides(*files, bad)) == EXIT_CONFIG
+    line = _one_error(capsys)
+    assert line.count("Fix: ") == 1, line
+    fixes = re.findall(r"((?:actor_rollout_ref|trainer|data)\.[\w.]+=[^\s,;()]+)", line.split("Fix: ")[1])
+    applied = 0
+    for fix in fixes:
+        assert train.checked_config(_overrides(*files, fix)) is not None, (fix, capsys.readouterr().err)
+        capsys.readouterr()
+        applied += 1
+    assert applied, line

@@ -100,7 +100,8 @@ def test_the_limit_is_cpu_time_so_a_call_that_waits_for_the_cpu_is_not_cut_off()
 
 def test_hanging_scorer_is_cut_off_through_compute_score():
     out = compute_score("math500", "The answer is " + HANG, "5", timeout_s=1.0)
-    assert out == {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": False, "data_source": "math500"}
+    assert out == {"score": -1.0, "acc": False, "pred": "", "timeout": True, "no_box": False, "data_source": "math500",
+                   "ground_truth_error": False}
     assert compute_score("math500", "\\boxed{5}", "5", timeout_s=GENEROUS_S)["acc"]  # the pool recovered
 
 

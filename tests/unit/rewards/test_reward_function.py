@@ -31,7 +31,7 @@ def test_in_process_scoring_starts_no_runner():
     score = RewardFunction()
     out = score("math500", "\\boxed{\\frac12}", "0.5", timeout_s=0)
     assert out == {"score": 1.0, "acc": True, "pred": "\\frac12", "timeout": False, "no_box": False,
-                   "data_source": "math500"}
+                   "data_source": "math500", "ground_truth_error": False}
     assert score._runner is None
 
 

@@ -135,7 +135,8 @@ def test_dapo_answer_line_follows_verl_order():
     """verl's math_dapo.verify: the Answer: line (in the last 300 characters) first, the box only without one."""
     line = PAD + "\nAnswer: 42"
     assert compute_score("math_dapo", line, "42", timeout_s=0) == {
-        "score": 1.0, "acc": True, "pred": "42", "timeout": False, "no_box": False, "data_source": "math_dapo"}
+        "score": 1.0, "acc": True, "pred": "42", "timeout": False, "no_box": False, "data_source": "math_dapo",
+        "ground_truth_error": False}
     assert compute_score("math_dapo_reasoning", PAD + "\nanswer: $42$", "42", timeout_s=0)["acc"]
     assert compute_score("math_dapo", PAD + "\nAnswer: 41", "42", timeout_s=0)["score"] == -1.0
     assert compute_score("math_dapo", "\\boxed{41}\nAnswer: 42", "42", timeout_s=0)["acc"]
@@ -175,3 +176,22 @@ def test_benchmark_scorer_needs_a_box_and_reads_the_final_one():
     big = "x" * 100_000 + "\\boxed{34}"
     assert compute_score("math500", big, "34", timeout_s=0)["acc"]
     assert compute_score("math_dapo", big, "34", timeout_s=0)["acc"]
+
+
+@pytest.mark.parametrize("gold", [None, "", "  ", float("nan"), True, ["5"]])
+def test_a_missing_ground_truth_is_an_error_not_a_wrong_answer(gold):
+    """A null ground truth became the string "None" and scored a correct response −1. The scorer raises; verl's
+    reward function (a RewardFunction) gives the row score 0 and ``ground_truth_error=True`` instead."""
+    from stapo_verl.rewards import RewardFunction
+    from stapo_verl.rewards.ground_truth import GroundTruthError
+    from stapo_verl.rewards.routing import compute_score as scorer
+
+    with pytest.raises(GroundTruthError, match=r"reward_model\.ground_truth=.*data_source='math_dapo'.*Fix: "):
+        scorer("math_dapo", "\\boxed{5}", gold, timeout_s=0)
+    fn = RewardFunction()
+    out = fn("math_dapo", "\\boxed{5}", gold, timeout_s=0)
+    assert set(out) == set(RESULT_KEYS)
+    assert out["score"] == 0.0 and out["ground_truth_error"] is True and out["acc"] is False
+    ok = fn("math_dapo", "\\boxed{5}", "5", timeout_s=0)
+    assert ok["score"] == 1.0 and ok["ground_truth_error"] is False
+    assert fn("math_dapo", "\\boxed{5}", 5, timeout_s=0)["score"] == 1.0  # a number is a ground truth
