@@ -46,6 +46,8 @@ class RunningZScore:
     Attributes:
         window: how many previous values the mean and the standard deviation use (``policy_loss.collapse_window``).
         warmup: previous values needed before a z is returned (``policy_loss.collapse_warmup_steps``).
+        log_scale: score ``log x`` against the logs of the history (the history keeps the values themselves); a
+            value ≤ 0 is then not scored, like a non-finite one.
 
     Raises:
         stapo_verl.algo.config_ranges.StapoConfigError (a ValueError): ``window`` or ``warmup`` outside the config's
@@ -55,6 +57,7 @@ class RunningZScore:
     window: int
     warmup: int
     history: deque = field(default_factory=deque)
+    log_scale: bool = False
 
     def __post_init__(self):
         check_range("collapse_window", self.window)
@@ -65,22 +68,24 @@ class RunningZScore:
         """Score ``x`` against the history, then append it (non-finite values are neither scored nor kept).
 
         Returns:
-            ``(z, mean, sd, n)``: mean and sample standard deviation of the n previous values the score used; z is
-            None during the warm-up or for a non-finite x. A flat history (sd = 0) gives z = 0 for the same value
+            ``(z, mean, sd, n)``: mean and sample standard deviation of the n previous values the score used (of their
+            logs with ``log_scale``); z is None during the warm-up or for a non-finite x. A flat history (sd = 0) gives z = 0 for the same value
             and ±inf for any other.
         """
         n = len(self.history)
-        if not math.isfinite(x):
+        if not math.isfinite(x) or (self.log_scale and x <= 0):
             return None, math.nan, math.nan, n
         if n < self.warmup:
             self.history.append(x)
             return None, math.nan, math.nan, n
-        mean = statistics.fmean(self.history)
-        sd = statistics.stdev(self.history)
+        past = [math.log(v) for v in self.history] if self.log_scale else list(self.history)
+        y = math.log(x) if self.log_scale else x
+        mean = statistics.fmean(past)
+        sd = statistics.stdev(past)
         self.history.append(x)
         if sd > 0:
-            return (x - mean) / sd, mean, sd, n
-        return (0.0 if x == mean else math.copysign(math.inf, x - mean)), mean, sd, n
+            return (y - mean) / sd, mean, sd, n
+        return (0.0 if y == mean else math.copysign(math.inf, y - mean)), mean, sd, n
 
 
 @dataclass
@@ -90,12 +95,14 @@ class CollapseMonitor:
     Attributes:
         window, warmup: of every :class:`RunningZScore`.
         threshold: |z| above which a warning line is returned; None: z-scores only, no warnings.
+        log_scale: score the logs of the signals (default; module docstring), False: the values themselves.
     """
 
     window: int
     warmup: int
     threshold: float | None
     scores: dict = field(default_factory=dict)
+    log_scale: bool = True
 
     def state_dict(self) -> dict[str, list[float]]:
         """The windows, ``{signal: [previous values, oldest first]}`` (JSON-serialisable), for a checkpoint."""
@@ -114,7 +121,7 @@ class CollapseMonitor:
                 raise ValueError(f"collapse monitor state: unknown signal {signal!r} (known: {sorted(known)})")
             if not all(math.isfinite(float(v)) for v in values):
                 raise ValueError(f"collapse monitor state: non-finite value in {signal!r}: {values}")
-            scores[signal] = RunningZScore(self.window, self.warmup, deque(float(v) for v in values))
+            scores[signal] = RunningZScore(self.window, self.warmup, deque(float(v) for v in values), self.log_scale)
         self.scores = scores
 
     def observe(self, step: int, metrics: dict, *, where: str) -> tuple[dict[str, float], list[str]]:
@@ -133,7 +140,7 @@ class CollapseMonitor:
             value = metrics.get(signal)
             if value is None:
                 continue
-            score = self.scores.setdefault(signal, RunningZScore(self.window, self.warmup))
+            score = self.scores.setdefault(signal, RunningZScore(self.window, self.warmup, log_scale=self.log_scale))
             z, mean, sd, n = score.update(float(value))
             if z is None:
                 continue
@@ -141,14 +148,19 @@ class CollapseMonitor:
             warns = signal != "actor/grad_norm" or "actor/stapo/lm_head_grad_norm" not in metrics
             if warns and self.threshold is not None and abs(z) > self.threshold:
                 lines.append(warning_line(step, signal, float(value), z, mean, sd, n, self.threshold,
-                                          where))
+                                          where, self.log_scale))
         return out, lines
 
 
 def warning_line(step: int, signal: str, value: float, z: float, mean: float, sd: float, n: int, threshold: float,
-                 where: str) -> str:
-    """The one console line of a warning: what was seen, against what, and where the silenced tokens are."""
+                 where: str, log_scale: bool = False) -> str:
+    """The one console line of a warning: what was seen, against what, and where the silenced tokens are
+    (``log_scale``: ``mean`` and ``sd`` are of the logs; the line gives the geometric mean and the sd as a factor)."""
     direction = "above" if z > 0 else "below"
-    return (f"[stapo] collapse warning at step {step}: {signal} = {value:.4g} is {abs(z):.1f} sd {direction} its "
-            f"running mean {mean:.4g} (sd {sd:.3g}, previous {n} steps; threshold {threshold:g}). {where} "
-            "No action taken.")
+    if log_scale:
+        against = (f"its running geometric mean {math.exp(mean):.4g} (sd a factor {math.exp(sd):.3g} on the log "
+                   f"scale, previous {n} steps; threshold {threshold:g})")
+    else:
+        against = f"its running mean {mean:.4g} (sd {sd:.3g}, previous {n} steps; threshold {threshold:g})"
+    return (f"[stapo] collapse warning at step {step}: {signal} = {value:.4g} is {abs(z):.1f} sd {direction} "
+            f"{against}. {where} No action taken.")

@@ -253,12 +253,13 @@ def _build_worker_configs(config) -> str:
 
 
 def _build_model_config(config) -> Check:
-    """The model shape (:func:`~stapo_verl.launch.recipe_rules.check_model_shape`), then verl's ``HFModelConfig``
-    (HF config and tokenizer, no weights) when ``model.path`` is local; raises as those two."""
+    """The model shape (:func:`~stapo_verl.launch.recipe_rules.check_model_shape`, also for a hub id the plan
+    knows), then verl's ``HFModelConfig`` (HF config and tokenizer, no weights) when ``model.path`` is local; raises as
+    those two."""
     from verl.utils.config import omega_conf_to_dataclass
 
     shape = recipe_rules.check_model_shape(config)
-    if shape.status == "SKIPPED":
+    if shape.status == "SKIPPED" or recipe_rules.local_model(config) is None:  # a hub id: no config to load here
         return shape
     omega_conf_to_dataclass(config.actor_rollout_ref.model)
     return Check(f"HFModelConfig built; {shape.detail}")

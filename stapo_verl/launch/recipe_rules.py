@@ -9,7 +9,8 @@ where named, the files it points at), raises :class:`RecipeRuleError` naming the
   dynamic-batch token budget holds the longest sequence (verl's ``rearrange_micro_batches`` cannot place a longer
   one), and the FP8 keys are consistent (their values as Megatron-Core's ``TransformerConfig`` declares them);
 * :func:`check_ray_address`: ``ray.init`` arguments Ray refuses when it connects to a running cluster;
-* :func:`check_model_shape`: layers and heads of a local model divide over TP / PP;
+* :func:`check_model_shape`: layers and heads of the model (a local one's config.json, else the shape the memory
+  plan knows for Qwen3 1.7B / 8B / 14B by hub id or path) divide over TP / PP;
 * :func:`check_training_length`: the train parquet's rows (footer only) reach ``trainer.total_training_steps``;
 * :func:`check_stop_tokens`: the ids the rollout will stop at (:mod:`stapo_verl.stop_tokens`).
 
@@ -223,30 +224,42 @@ def local_model(config) -> str | None:
 
 
 def check_model_shape(config) -> Check:
-    """Layers divide over Megatron PP, attention and KV heads over Megatron's and vLLM's TP (``config.json`` only).
+    """Layers divide over Megatron PP, attention and KV heads over Megatron's and vLLM's TP, from the model's config:
+    ``config.json`` of a local ``model.path``, else the shape the memory plan knows for a hub id or path of the
+    recipes' models (:func:`stapo_verl.launch.memory_plan.model_shape`: Qwen3 1.7B / 8B / 14B, their HF
+    ``config.json`` values).
 
     Returns:
-        SKIPPED when ``model.path`` is not a local HF directory.
+        SKIPPED when ``model.path`` is neither local nor a model the plan knows; the detail names where the shape
+        came from when it is not local.
     Raises:
-        RecipeRuleError: naming the model's field, its value and the parallel size.
+        RecipeRuleError: naming the model's field, its value, the parallel size and where the shape came from.
     """
+    from stapo_verl.launch.memory_plan import model_shape
+
     path = local_model(config)
-    if path is None:
-        return Check(f"model.path={str(config.actor_rollout_ref.model.path)!r} is not a local HF directory: "
-                     "HFModelConfig (tokenizer/config loading) and the model-shape checks (layers % PP, heads % TP) "
-                     "did not run", status="SKIPPED")
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        hf = json.load(f)
-    layers, heads = hf.get("num_hidden_layers"), hf.get("num_attention_heads")
-    kv, lay = hf.get("num_key_value_heads", heads), layout(config)
+    if path is not None:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            hf = json.load(f)
+        layers, heads = hf.get("num_hidden_layers"), hf.get("num_attention_heads")
+        kv, source = hf.get("num_key_value_heads", heads), os.path.join(path, "config.json")
+    else:
+        shape, source = model_shape(str(config.actor_rollout_ref.model.path))
+        if shape is None:
+            return Check(f"model.path={str(config.actor_rollout_ref.model.path)!r} is not a local HF directory nor "
+                         "a model the plan knows: HFModelConfig (tokenizer/config loading) and the model-shape checks "
+                         "(layers % PP, heads % TP) did not run", status="SKIPPED")
+        layers, heads, kv = shape.layers, shape.heads, shape.kv_heads
+    lay = layout(config)
     if layers and layers % lay.pp:
-        raise RecipeRuleError(f"num_hidden_layers={layers} is not divisible by Megatron PP={lay.pp}")
+        raise RecipeRuleError(f"num_hidden_layers={layers} ({source}) is not divisible by Megatron PP={lay.pp}")
     for name, t in (("Megatron TP", lay.tp), ("vLLM TP", lay.rollout_tp)):
         if heads and heads % t:
-            raise RecipeRuleError(f"num_attention_heads={heads} is not divisible by {name}={t}")
+            raise RecipeRuleError(f"num_attention_heads={heads} ({source}) is not divisible by {name}={t}")
         if kv and kv % t and t % kv:
-            raise RecipeRuleError(f"num_key_value_heads={kv} and {name}={t}: neither divides the other")
-    return Check(f"layers={layers} heads={heads} kv_heads={kv} fit TP/PP")
+            raise RecipeRuleError(f"num_key_value_heads={kv} ({source}) and {name}={t}: neither divides the other")
+    where = "" if path is not None else f" (from {source}; HFModelConfig not built: the model is not on this machine)"
+    return Check(f"layers={layers} heads={heads} kv_heads={kv} fit TP/PP{where}")
 
 
 def check_training_length(config) -> Check:

@@ -74,4 +74,4 @@ def test_defaults_and_string_coercion():
     assert pl.dump_every == 2 and pl.collapse_z_threshold is None
     pl = actor_config("stapo").policy_loss
     assert (pl.dump_every, pl.table_max_rows, pl.collapse_z_threshold, pl.collapse_window,
-            pl.collapse_warmup_steps) == (None, 256, 4.0, 20, 5)
+            pl.collapse_warmup_steps) == (None, 256, 5.0, 20, 10)

@@ -95,14 +95,28 @@ def test_ray_address_refuses_num_cpus(monkeypatch):
 
 
 def test_model_shape_of_a_local_model(tmp_path):
-    assert R.check_model_shape(_config()).status == "SKIPPED"
+    assert R.check_model_shape(_config(actor_rollout_ref__model__path="/nowhere/model")).status == "SKIPPED"
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 36, "num_attention_heads": 32,
                                                       "num_key_value_heads": 8}))
     assert R.check_model_shape(_config(actor_rollout_ref__model__path=str(tmp_path))).detail == (
         "layers=36 heads=32 kv_heads=8 fit TP/PP")
-    with pytest.raises(R.RecipeRuleError, match="num_hidden_layers=36 is not divisible by Megatron PP=8"):
+    with pytest.raises(R.RecipeRuleError, match="num_hidden_layers=36 .* is not divisible by Megatron PP=8"):
         R.check_model_shape(_config(actor_rollout_ref__model__path=str(tmp_path),
                                     actor_rollout_ref__actor__megatron__pipeline_model_parallel_size=8))
+
+
+@pytest.mark.parametrize(("model", "heads", "kv"), [("Qwen/Qwen3-1.7B-Base", 16, 8), ("Qwen/Qwen3-8B-Base", 32, 8),
+                                                    ("Qwen/Qwen3-14B-Base", 40, 8)])
+def test_model_shape_of_a_hub_id_from_the_known_config(model, heads, kv):
+    """A hub id is not on this machine; the shape checks still run from the plan's copy of its config.json."""
+    from stapo_verl.launch.memory_plan import KNOWN_MODELS
+
+    assert R.check_model_shape(_config(actor_rollout_ref__model__path=model)).detail.startswith(
+        f"layers={KNOWN_MODELS[model.split('/')[1][:-5].lower()].layers} heads={heads} kv_heads={kv} fit TP/PP")
+    with pytest.raises(R.RecipeRuleError, match=f"num_attention_heads={heads} .* not divisible by Megatron TP=3"):
+        R.check_model_shape(_config(actor_rollout_ref__model__path=model,
+                                    actor_rollout_ref__actor__megatron__tensor_model_parallel_size=3))
+    assert R.check_model_shape(_config(actor_rollout_ref__model__path="someone/unknown-7b")).status == "SKIPPED"
 
 
 def test_training_length_from_the_parquet_footer(tmp_path):

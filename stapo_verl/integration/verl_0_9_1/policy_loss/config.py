@@ -252,10 +252,11 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         table_max_rows: rows of one tracker table, over the DP group: silenced first (up to half), then as many kept
             candidates (≥ 2). Default 256.
         collapse_z_threshold: |z| of ``actor/entropy`` or of the LM-head (or total) gradient norm against its
-            running mean above which a one-line console warning is printed (> 0); None: z-scores only. Default 4.
+            running mean (on the log scale) above which a one-line console warning is printed (> 0); None: z-scores
+            only. Default 5 (calibrated: ``docs/diagnostics.md``, "Calibration").
         collapse_window: previous steps the running mean and standard deviation use (≥ 2). Default 20.
         collapse_warmup_steps: previous steps needed before a z-score is logged (2 ≤ it ≤ collapse_window).
-            Default 5.
+            Default 10.
 
     Numeric keys (inherited ones included) accept numeric strings, coerced exactly. Every range above is defined
     once, in :mod:`stapo_verl.algo.config_ranges`; the token-mask keys (``s2t_tau_p``, ``s2t_entropy_quantile``,
@@ -283,9 +284,9 @@ class StapoPolicyLossConfig(PolicyLossConfig):
     dump_max_rows_per_step: int = 256
     dump_every: Optional[int] = None
     table_max_rows: int = 256
-    collapse_z_threshold: Optional[float] = 4.0
+    collapse_z_threshold: Optional[float] = 5.0
     collapse_window: int = 20
-    collapse_warmup_steps: int = 5
+    collapse_warmup_steps: int = 10
 
     def _coerce_fields(self) -> None:
         hints = typing.get_type_hints(type(self))
