@@ -295,9 +295,9 @@ def _summary(config) -> list[tuple[str, Any]]:
         ("derived.optimizer_steps_per_step",
          train_batch // sel(_A + "actor.ppo_mini_batch_size") * sel(_A + "actor.ppo_epochs")),
         ("derived.ray", f"RAY_ADDRESS={ray_address}" if ray_address else "local ray.init"),
-        # STAPO_* settings shipped to every Ray worker through ray_init.runtime_env (e.g. the reward timeout).
-        ("derived.worker_env", {k: v for k, v in (sel("ray_kwargs.ray_init.runtime_env.env_vars") or {}).items()
-                                if str(k).startswith("STAPO_")}),
+        # every variable shipped to the Ray workers through ray_init.runtime_env (the reward timeout, FP8's
+        # NVTE_FP8_BLOCK_SCALING_FP32_SCALES, the CPU platform's settings, ...)
+        ("derived.worker_env", dict(sel("ray_kwargs.ray_init.runtime_env.env_vars") or {})),
     ]
 
 

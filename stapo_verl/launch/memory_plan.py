@@ -167,6 +167,20 @@ class Settings:
     fused: bool
     bucket_mb: float
     longest: int
+    fp8: str | None = None
+    fp8_recipe: str | None = None
+    fp8_param: bool = False
+    rollout_fp8: bool = False
+
+    @property
+    def precision(self) -> str:
+        """What the plan assumes, in one phrase (printed in its first line)."""
+        if not self.fp8:
+            return "BF16 (bf16 parameters and activations, fp32 main grads and Adam; vLLM bf16 weights)"
+        params = "fp8 parameters (fp8_param)" if self.fp8_param else "bf16 parameters + TE's cached FP8 weight copies"
+        rollout = "vLLM fp8 weights" if self.rollout_fp8 else "vLLM bf16 weights"
+        return (f"FP8 (TE {self.fp8}/{self.fp8_recipe}: {params}; fp32 main grads and Adam; activations counted in "
+                f"bf16, an upper bound; {rollout})")
 
 
 def current_forward_tokens(config) -> int | None:
@@ -205,6 +219,9 @@ def settings(config) -> Settings:
         fused=bool(sel(FUSED_KEY, False)),
         bucket_mb=float(sel(f"{_A}.rollout.checkpoint_engine.update_weights_bucket_megabytes", 2048)),
         longest=int(config.data.max_prompt_length) + int(config.data.max_response_length),
+        fp8=None if tc.get("fp8", None) in (None, False) else str(tc.get("fp8")),
+        fp8_recipe=tc.get("fp8_recipe", None), fp8_param=bool(tc.get("fp8_param", False)),
+        rollout_fp8=sel(f"{_A}.rollout.quantization", None) == "fp8",
     )
 
 
@@ -242,6 +259,7 @@ class MemoryPlan:
     model: str
     gpu_gb: float
     phases: tuple[Phase, ...]
+    precision: str = ""
 
     def phase(self, name: str) -> Phase:
         """The phase ``name``; raises KeyError."""
@@ -261,7 +279,8 @@ class MemoryPlan:
     def lines(self) -> list[str]:
         """The plan as printed by ``--dry-run``: one line per phase, its terms, then advice."""
         out = [f"memory plan per GPU ({self.model}; GPU {self.gpu_gb:.1f} GB; GB = 1e9 bytes; estimates from "
-               f"verl 0.9.1 / Megatron-Core code paths, stapo_verl/launch/memory_plan.py):"]
+               f"verl 0.9.1 / Megatron-Core code paths, stapo_verl/launch/memory_plan.py):",
+               f"  precision assumed: {self.precision}"]
         for p in self.phases:
             budget = f" at {p.tokens} tokens" if p.tokens else ""
             flag = "  OVER" if p.total_gb > self.gpu_gb else ("  within 10 %" if p.advice else "")
@@ -285,11 +304,32 @@ def _mlp_transient(shape: ModelShape, s: Settings, tokens: int) -> float:
     return t * (2 * 2 * shape.intermediate / s.tp + 2 * shape.intermediate / s.tp + 2 * shape.hidden) / GB
 
 
+def _gemm_params_per_gpu(shape: ModelShape, s: Settings) -> float:
+    """Parameters of one GPU that TE's FP8 GEMMs read: the TP shards of its layers' projections (the embedding and
+    Megatron-Core's output layer are not TE modules and stay bf16)."""
+    return math.ceil(shape.layers / s.pp) * shape.layer_params() / s.tp
+
+
 def _static(shape: ModelShape, s: Settings) -> tuple[Term, Term, Term]:
-    """bf16 parameters, fp32 main gradients and the optimizer shard of one GPU."""
+    """The parameters, fp32 main gradients and the optimizer shard of one GPU. Parameters: bf16 (2 B); under FP8
+    with ``fp8_param`` the GEMM weights are held in fp8 (1 B, Megatron-Core ``TransformerConfig.fp8_param``);
+    without it (the recipes' setting) TE keeps, beside the bf16 weights, an FP8 copy of each GEMM weight and of its
+    transpose for the step's micro-batches (``transformer_engine.pytorch.Linear.forward(is_first_microbatch=...)``
+    caches the FP8 weights): + 2 B per GEMM parameter, counted in every phase that holds the bf16 weights (an upper
+    bound for the no-grad passes, where TE casts without keeping the cache)."""
     p = shape.params_per_gpu(s.tp, s.pp)
     over = s.dp if s.distributed_optimizer else 1
-    return (Term("params", 2 * p / GB, "2 B x P/(TP.PP) (bf16)"),
+    if s.fp8:
+        gemm = _gemm_params_per_gpu(shape, s)
+        if s.fp8_param:
+            params = Term("params", (2 * (p - gemm) + 1 * gemm) / GB,
+                          "2 B x non-GEMM P + 1 B x GEMM P/(TP.PP) (fp8_param)")
+        else:
+            params = Term("params", (2 * p + 2 * gemm) / GB,
+                          "2 B x P/(TP.PP) (bf16) + 2 B x GEMM P/(TP.PP) (TE's FP8 weight and transpose caches)")
+    else:
+        params = Term("params", 2 * p / GB, "2 B x P/(TP.PP) (bf16)")
+    return (params,
             Term("grads", 4 * p / GB, "4 B x P/(TP.PP) (fp32 main grads, grad_reduce_in_fp32)"),
             Term("optimizer", 12 * p / over / GB, f"12 B x P/(TP.PP.DP) (fp32 master + Adam m, v; DP={over})"))
 
@@ -304,12 +344,16 @@ def _phases(shape: ModelShape, s: Settings, gpu_gb: float) -> list[Phase]:
     rollout_resident = (params if not s.param_offload else zero, grads if not s.param_offload else zero,
                         optim if not s.optimizer_offload else zero)
     eval_resident = (params, grads if not s.param_offload else zero, optim if not s.optimizer_offload else zero)
-    vllm_weights = 2 * shape.params() / s.rollout_tp / GB
+    # vLLM's fp8 quantization (rollout.quantization=fp8) stores the linear layers' weights in fp8; the embedding and
+    # LM head stay bf16 (verl's FP8 path quantises LinearBase layers only)
+    gemm_all = shape.layers * shape.layer_params()
+    vllm_weights = ((shape.params() - gemm_all) * 2 + gemm_all * (1 if s.rollout_fp8 else 2)) / s.rollout_tp / GB
     phases = [
         Phase("rollout", None, (*[t for t in rollout_resident if t.gb], Term(
             "vLLM", s.gpu_util * gpu_gb, f"{GPU_UTIL_KEY} x GPU (weights {vllm_weights:.1f} + KV cache)"), _reserve())),
         Phase("weight sync", None, (*[t for t in eval_resident if t.gb],
-                                    Term("vLLM weights", vllm_weights, "2 B x P / rollout TP"),
+                                    Term("vLLM weights", vllm_weights, "1 B x linear P + 2 B x the rest, / rollout "
+                                         "TP (fp8)" if s.rollout_fp8 else "2 B x P / rollout TP"),
                                     Term("bucket", s.bucket_mb * 2**20 / GB, "update_weights_bucket_megabytes"),
                                     Term("gathered tensor", shape.vocab * shape.hidden * 2 / GB, "V x h x 2 B"),
                                     _reserve())),
@@ -395,7 +439,7 @@ def plan(shape: ModelShape, s: Settings, gpu_gb: float = DEFAULT_GPU_GB, model: 
     """
     phases = [dataclasses.replace(p, advice=_advice(shape, s, p, gpu_gb)) if p.total_gb > (1 - MARGIN) * gpu_gb else p
               for p in _phases(shape, s, gpu_gb)]
-    return MemoryPlan(model, gpu_gb, tuple(phases))
+    return MemoryPlan(model, gpu_gb, tuple(phases), s.precision)
 
 
 def plan_for_config(config, gpu_gb: float = DEFAULT_GPU_GB) -> tuple[MemoryPlan | None, str]:

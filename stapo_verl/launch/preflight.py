@@ -69,12 +69,15 @@ class GpuFacts:
         cuda: the CUDA version this torch is built for (``torch.version.cuda``, ``"13.0"``), None for a CPU build.
         count: GPUs visible to this process (``CUDA_VISIBLE_DEVICES`` applied).
         memory_gb: total memory of the smallest visible GPU, 10⁹ bytes (None when none is visible).
+        capability: the CUDA compute capability of the first visible GPU (``(9, 0)`` Hopper, ``(10, 0)`` Blackwell;
+            None when none is visible).
     """
 
     driver: str | None
     cuda: str | None
     count: int
     memory_gb: float | None
+    capability: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -288,6 +291,49 @@ def check_generation_config(config) -> str:
     return f"{STOP_KEY}={gc!r} is written at launch (under {where}, writable)"
 
 
+_TC = "actor_rollout_ref.actor.megatron.override_transformer_config"
+#: the GPU generation each of Megatron-Core's FP8 recipes (``override_transformer_config.fp8_recipe``) is written
+#: for, as compute-capability majors: Transformer Engine's block scalings are per generation — ``Float8BlockScaling``
+#: (``blockwise``, DeepSeek-V3's 1x128 / 128x128 scales) on Hopper (9.x), ``MXFP8BlockScaling`` (``mxfp8``,
+#: the OCP microscaling format with hardware scale support) on Blackwell (10.x and later); ``delayed`` and ``tensorwise``
+#: run on every FP8 GPU (Ada 8.9 and later). Source: Transformer Engine's FP8 recipes
+#: (https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/examples/fp8_primer.html) and verl's
+#: docs/low_precision/fp8.md ("blockwise" on Hopper).
+FP8_RECIPE_GPUS = types.MappingProxyType({"blockwise": (9, 9), "mxfp8": (10, 99)})
+#: the first compute capability with FP8 tensor cores (Ada, 8.9)
+FP8_MIN_CAPABILITY = (8, 9)
+
+
+def check_fp8_recipe(config, gpu: GpuFacts) -> str:
+    """The FP8 recipe of ``config`` against the GPU generation of this node (:data:`FP8_RECIPE_GPUS`).
+
+    Raises:
+        PreflightError: FP8 on a GPU without FP8 tensor cores, ``blockwise`` on a GPU other than Hopper, ``mxfp8`` on
+            a GPU older than Blackwell (naming the recipe, the GPU's compute capability and the fix).
+    """
+    from omegaconf import OmegaConf
+
+    tc = OmegaConf.select(config, "actor_rollout_ref.actor.megatron.override_transformer_config", default=None) or {}
+    fp8, recipe = tc.get("fp8", None), tc.get("fp8_recipe", None)
+    if fp8 in (None, False):
+        return "BF16: no FP8 recipe"
+    if gpu.capability is None:
+        return f"fp8_recipe={recipe!r} not matched: no GPU visible here"
+    cap = tuple(gpu.capability)
+    shown = f"{cap[0]}.{cap[1]}"
+    if cap < FP8_MIN_CAPABILITY:
+        raise PreflightError(f"{_TC}.fp8={fp8!r}: this node's GPUs (compute capability {shown}) have no FP8 tensor "
+                             f"cores (Ada 8.9 or later needed). Fix: PRECISION=bf16")
+    low, high = FP8_RECIPE_GPUS.get(str(recipe), (0, 99))
+    if not low <= cap[0] <= high:
+        other = [r for r, (lo, hi) in FP8_RECIPE_GPUS.items() if lo <= cap[0] <= hi]
+        fix = f"FP8_RECIPE={other[0]} (this GPU's block scaling)" if other else "FP8_RECIPE=tensorwise"
+        generation = {9: "Hopper", 10: "Blackwell"}.get(low, f"compute capability {low}.x")
+        raise PreflightError(f"{_TC}.fp8_recipe={recipe!r} is Transformer Engine's recipe for {generation} GPUs; this "
+                             f"node's are compute capability {shown}. Fix: {fix}, or PRECISION=bf16")
+    return f"fp8_recipe={recipe!r} on compute capability {shown}"
+
+
 def check_memory(config, gpu_memory_gb: float) -> str:
     """The memory plan of ``config`` on a GPU of ``gpu_memory_gb`` (:func:`stapo_verl.launch.memory_plan.
     plan_for_config`).
@@ -355,9 +401,10 @@ def gather_gpu_facts() -> GpuFacts:
         cuda = torch.version.cuda
         count = torch.cuda.device_count() if cuda else 0
         mem = min((torch.cuda.get_device_properties(i).total_memory for i in range(count)), default=None)
+        capability = tuple(torch.cuda.get_device_capability(0)) if count else None
     except Exception:  # noqa: BLE001  (a broken CUDA setup: reported by check_driver)
-        cuda, count, mem = None, 0, None
-    return GpuFacts(driver, cuda, count, None if mem is None else mem / 1e9)
+        cuda, count, mem, capability = None, 0, None, None
+    return GpuFacts(driver, cuda, count, None if mem is None else mem / 1e9, capability)
 
 
 def gather_route_facts(distributions: tuple[str, ...]) -> RouteFacts:
@@ -387,6 +434,7 @@ def all_checks(config, gpu: GpuFacts, route: RouteFacts, env: Mapping[str, str],
         ("CUDA driver", lambda: check_driver(gpu)),
         ("GPUs", lambda: check_gpu_count(gpu, int(tr.nnodes), int(tr.n_gpus_per_node))),
         ("production route", lambda: check_route(route, route_distributions(config), route_modules(config))),
+        ("FP8 recipe for this GPU", lambda: check_fp8_recipe(config, gpu)),
         *gpu_free_checks(config, env, hosts),
         ("memory plan", lambda: check_memory(config, gpu.memory_gb or 0.0)),
     ]

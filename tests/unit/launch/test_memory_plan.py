@@ -92,3 +92,26 @@ def test_offload_off_keeps_the_training_state_in_the_rollout():
     plan = M.plan(QWEN3_8B, dataclasses.replace(RECIPE_8B, param_offload=False, optimizer_offload=False), 80.0)
     assert plan.phase("rollout").total_gb == pytest.approx(36.859696 + 48 + RES, rel=1e-6)
     assert plan.phase("old-log-prob with entropy").term("grads") == pytest.approx(16.382087, rel=1e-6)
+
+
+def test_fp8_changes_the_plan_by_hand_and_the_plan_names_its_precision():
+    """PRECISION=fp8 printed the BF16 plan. Per GPU (8B, TP 2): TE keeps an FP8 copy and a transpose of each GEMM
+    weight beside the bf16 weights, +2 B x 36 layer shards; vLLM's fp8 weights are 1 B per linear parameter."""
+    fp8 = dataclasses.replace(RECIPE_8B, fp8="hybrid", fp8_recipe="blockwise", rollout_fp8=True)
+    bf16_plan, fp8_plan = M.plan(QWEN3_8B, RECIPE_8B, 80.0), M.plan(QWEN3_8B, fp8, 80.0)
+    gemm = 36 * QWEN3_8B.layer_params() / 2
+    assert gemm == 36 * (4096 * 32 * 128 * 2 + 2 * 4096 * 8 * 128 + 3 * 4096 * 12288) / 2 == 3_472_883_712
+    up, up16 = fp8_plan.phase("actor update"), bf16_plan.phase("actor update")
+    assert up.term("params") == pytest.approx(up16.term("params") + 2 * gemm / 1e9, rel=1e-9)
+    assert up.total_gb == pytest.approx(up16.total_gb + 2 * gemm / 1e9, rel=1e-9)
+    linear = 36 * QWEN3_8B.layer_params()
+    vllm = ((QWEN3_8B.params() - linear) * 2 + linear) / 2 / 1e9
+    assert fp8_plan.phase("weight sync").term("vLLM weights") == pytest.approx(vllm, rel=1e-9)
+    assert bf16_plan.phase("weight sync").term("vLLM weights") == pytest.approx(2 * QWEN3_8B.params() / 2 / 1e9)
+    held = dataclasses.replace(fp8, fp8_param=True)  # fp8 parameters: 1 B per GEMM parameter, no cache
+    assert M.plan(QWEN3_8B, held, 80.0).phase("actor update").term("params") == pytest.approx(
+        up16.term("params") - gemm / 1e9, rel=1e-9)
+    assert bf16_plan.lines()[1] == ("  precision assumed: BF16 (bf16 parameters and activations, fp32 main grads and "
+                                    "Adam; vLLM bf16 weights)")
+    assert fp8_plan.lines()[1].startswith("  precision assumed: FP8 (TE hybrid/blockwise: bf16 parameters + TE's "
+                                          "cached FP8 weight copies")

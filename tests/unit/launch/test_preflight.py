@@ -157,3 +157,28 @@ def test_run_stops_at_the_first_failure_with_the_config_exit_code(tmp_path, caps
         "[stapo preflight] ERROR CUDA driver: NVIDIA driver 535.104.05 < 580, which CUDA 13.0 (this torch's) needs: "
         "CUDA fails to initialise in every worker. Fix: a node with driver >= 580, or an image built for the "
         "driver's CUDA"]
+
+
+@pytest.mark.parametrize(("recipe", "capability", "ok"), [
+    ("blockwise", (9, 0), True), ("mxfp8", (9, 0), False), ("mxfp8", (10, 0), True), ("blockwise", (10, 0), False),
+    ("tensorwise", (8, 9), True), ("tensorwise", (8, 0), False)])
+def test_the_fp8_recipe_matches_the_gpu_generation(recipe, capability, ok):
+    """FP8_RECIPE=mxfp8 (Blackwell's) passed an H100's preflight without a word; each recipe is checked against the
+    compute capability the preflight finds, and the fix it names passes."""
+    from omegaconf import OmegaConf
+
+    def config(r):
+        return OmegaConf.create({"actor_rollout_ref": {"actor": {"megatron": {"override_transformer_config": {
+            "fp8": "hybrid", "fp8_recipe": r}}}}})
+
+    gpu = P.GpuFacts("580.65.06", "13.0", 8, 85.5, capability)
+    if ok:
+        assert P.check_fp8_recipe(config(recipe), gpu).startswith(f"fp8_recipe={recipe!r} on compute capability")
+        return
+    with pytest.raises(P.PreflightError, match=r"Fix: ") as err:
+        P.check_fp8_recipe(config(recipe), gpu)
+    fix = str(err.value).split("Fix: ")[1]
+    if fix.startswith("FP8_RECIPE="):
+        assert P.check_fp8_recipe(config(fix.split()[0].split("=")[1]), gpu)  # the suggested recipe passes
+    bf16 = OmegaConf.create({"actor_rollout_ref": {"actor": {"megatron": {"override_transformer_config": {}}}}})
+    assert P.check_fp8_recipe(bf16, gpu) == "BF16: no FP8 recipe"
