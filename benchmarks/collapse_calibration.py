@@ -41,9 +41,12 @@ TINY_HEALTHY = REPO / "benchmarks" / "results" / "collapse" / "tiny_cpu_stapo_de
 GRID = [(w, t, log) for log in (False, True) for w in (5, 10) for t in (4.0, 5.0, 6.0)]
 
 
-def alarms(metrics: dict[int, dict], warmup: int, threshold: float, log_scale: bool, window: int = 20) -> list[int]:
-    """The steps at which the monitor prints a warning line, replayed over ``metrics`` ({step: {key: value}})."""
-    monitor = CollapseMonitor(window=window, warmup=warmup, threshold=threshold, log_scale=log_scale)
+def alarms(metrics: dict[int, dict], warmup: int, threshold: float, log_scale: bool | None,
+           window: int = 20) -> list[int]:
+    """The steps at which the monitor prints a warning line, replayed over ``metrics`` ({step: {key: value}});
+    ``log_scale`` None: the monitor's default."""
+    scale = {} if log_scale is None else {"log_scale": log_scale}
+    monitor = CollapseMonitor(window=window, warmup=warmup, threshold=threshold, **scale)
     out = []
     for step in sorted(s for s in metrics if s >= 1):
         row = {k: metrics[step][k] for k in SIGNALS if k in metrics[step]}

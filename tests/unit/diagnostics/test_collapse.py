@@ -115,7 +115,7 @@ def test_the_defaults_are_quiet_on_healthy_runs_and_warn_on_a_gradient_blow_up()
         assert len(healthy) == 3 and all(len(m) >= 20 for m in healthy)
 
         def warned(metrics):
-            return cal.alarms(metrics, d["collapse_warmup_steps"], d["collapse_z_threshold"], True,
+            return cal.alarms(metrics, d["collapse_warmup_steps"], d["collapse_z_threshold"], None,
                               d["collapse_window"])
 
         assert [warned(m) for m in healthy] == [[], [], []]

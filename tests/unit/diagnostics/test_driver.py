@@ -7,6 +7,8 @@ directory (an empty file for a rank that silenced nothing) and replaces an inter
 the collapse z-scores and warning of a run.
 """
 
+import math
+import statistics
 import types
 
 import pytest
@@ -134,11 +136,14 @@ def test_collapse_z_scores_join_the_metrics_and_warn_once_past_the_threshold(tra
     for step, h in enumerate([1.0, 1.1, 0.9, 1.0, 0.2], 1):
         _, metrics = _update(trainer, step, entropy=h)
         zs.append(metrics.get("actor/stapo/collapse/entropy_z"))
-    assert zs[:2] == [None, None] and zs[2] == pytest.approx((0.9 - 1.05) / 0.0707107, rel=1e-5)
-    assert zs[4] == pytest.approx((0.2 - 1.0) / 0.0816497, rel=1e-5)
+    logs = [math.log(h) for h in (1.0, 1.1, 0.9, 1.0)]  # the monitor scores the logs (docs/diagnostics.md)
+    assert zs[:2] == [None, None]
+    assert zs[2] == pytest.approx((logs[2] - statistics.fmean(logs[:2])) / statistics.stdev(logs[:2]), rel=1e-9)
+    assert zs[4] == pytest.approx((math.log(0.2) - statistics.fmean(logs)) / statistics.stdev(logs), rel=1e-9)
     lines = [x for x in capsys.readouterr().out.splitlines() if "collapse warning" in x]
-    assert len(lines) == 1 and lines[0].startswith("[stapo] collapse warning at step 5: actor/entropy = 0.2 is 9.8 sd "
-                                                   "below its running mean 1 (sd 0.0816, previous 4 steps")
+    assert len(lines) == 1 and lines[0].startswith(
+        "[stapo] collapse warning at step 5: actor/entropy = 0.2 is 19.6 sd below its running geometric mean 0.9975 "
+        "(sd a factor 1.09 on the log scale, previous 4 steps")
     assert "tracker table actor/stapo/tokens (last at step 5)" in lines[0]
     assert "stapo_tokens.dp*.jsonl. No action taken." in lines[0]
 
