@@ -334,6 +334,22 @@ def check_fp8_recipe(config, gpu: GpuFacts) -> str:
     return f"fp8_recipe={recipe!r} on compute capability {shown}"
 
 
+def check_data_files(config) -> str:
+    """:func:`stapo_verl.launch.data_checks.check_data` on the data files present on this node (the tokenizer of a
+    local ``model.path`` counts the prompts).
+
+    Raises:
+        PreflightError: the message of its ``DataCheckError`` (file, rows, fields and the fix).
+    """
+    from stapo_verl.launch.data_checks import DataCheckError, check_data
+    from stapo_verl.launch.recipe_rules import local_model
+
+    try:
+        return check_data(config, local_model(config)).detail
+    except (DataCheckError, OSError) as exc:
+        raise PreflightError(" ".join(str(exc).split())) from exc
+
+
 def check_memory(config, gpu_memory_gb: float) -> str:
     """The memory plan of ``config`` on a GPU of ``gpu_memory_gb`` (:func:`stapo_verl.launch.memory_plan.
     plan_for_config`).
@@ -436,6 +452,8 @@ def all_checks(config, gpu: GpuFacts, route: RouteFacts, env: Mapping[str, str],
         ("production route", lambda: check_route(route, route_distributions(config), route_modules(config))),
         ("FP8 recipe for this GPU", lambda: check_fp8_recipe(config, gpu)),
         *gpu_free_checks(config, env, hosts),
+        ("data files (columns, every row's ground truth and prompt, routes, prompt lengths)",
+         lambda: check_data_files(config)),
         ("memory plan", lambda: check_memory(config, gpu.memory_gb or 0.0)),
     ]
 

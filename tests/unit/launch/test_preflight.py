@@ -182,3 +182,27 @@ def test_the_fp8_recipe_matches_the_gpu_generation(recipe, capability, ok):
         assert P.check_fp8_recipe(config(fix.split()[0].split("=")[1]), gpu)  # the suggested recipe passes
     bf16 = OmegaConf.create({"actor_rollout_ref": {"actor": {"megatron": {"override_transformer_config": {}}}}})
     assert P.check_fp8_recipe(bf16, gpu) == "BF16: no FP8 recipe"
+
+
+def test_the_launch_refuses_a_row_without_ground_truth(tmp_path):
+    """The GPU recipes' preflight (before Ray) runs the row checks of the tiny launcher and the dry run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+
+    from stapo_verl.data.schema import arrow_schema
+
+    rows = [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": f"What is {i}+1?"}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": gt},
+             "extra_info": {"split": "train", "index": i, "benchmark": "math_dapo", "problem_id": str(i),
+                            "source_row": i, "problem": "q"}} for i, gt in enumerate(["1", None])]
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema()), tmp_path / "train.parquet")
+    config = OmegaConf.create({
+        "data": {"train_files": [str(tmp_path / "train.parquet")], "val_files": [], "max_prompt_length": 64},
+        "reward": {"custom_reward_function": {"path": "pkg://stapo_verl.rewards"}},
+        "actor_rollout_ref": {"model": {"path": str(tmp_path / "no_model")}}})
+    with pytest.raises(P.PreflightError, match=r"1 of 2 rows cannot be scored: row 1 reward_model\.ground_truth None"):
+        P.check_data_files(config)
+    import inspect
+
+    assert "check_data_files(config)" in inspect.getsource(P.all_checks)  # among the launch's checks
