@@ -34,19 +34,19 @@ from dataclasses import dataclass
 #: compared with ``global_steps``), ``data.val_batch_size`` / ``data.gen_batch_size`` (``StatefulDataLoader``'s
 #: batch size), ``data.seed`` (``torch.Generator().manual_seed``), ``trainer.max_actor_ckpt_to_keep`` /
 #: ``trainer.max_critic_ckpt_to_keep`` (``BaseCheckpointManager`` counts folders with it)
-NULL_DEFAULT_TYPES: dict[str, type] = {
+NULL_DEFAULT_TYPES: types.MappingProxyType = types.MappingProxyType({
     "trainer.total_training_steps": int,
     "trainer.max_actor_ckpt_to_keep": int,
     "trainer.max_critic_ckpt_to_keep": int,
     "data.val_batch_size": int,
     "data.gen_batch_size": int,
     "data.seed": int,
-}
+})
 
 #: what a message calls each type, and a value of it for the fix when the key's default is null
-_NAMES = {int: "an integer", float: "a number", bool: "a boolean (True/False)", str: "a string",
-          list: "a list ([a,b])", dict: "a mapping ({k:v})"}
-_EXAMPLES = {int: 1, float: 1.0, bool: True, str: "text", list: [], dict: {}}
+_NAMES = types.MappingProxyType({int: "an integer", float: "a number", bool: "a boolean (True/False)",
+                                 str: "a string", list: "a list ([a,b])", dict: "a mapping ({k:v})"})
+_EXAMPLES = types.MappingProxyType({int: "1", float: "1.0", bool: "True", str: "text", list: "[]", dict: "{}"})
 
 
 class OverrideTypeError(ValueError):
@@ -243,9 +243,8 @@ def fix_for(key: str, wanted: type, default) -> str:
     """An override that passes the check: the default when it has the wanted type, else an example of the type."""
     value = default if default is not None and accepts(wanted, default) else None
     if value is None and default is None and key in NULL_DEFAULT_TYPES:
-        return f"{key}=null (the default) or {_NAMES[wanted]}, e.g. {key}={_hydra_value(_EXAMPLES[wanted])}"
-    value = _EXAMPLES[wanted] if value is None else value
-    return f"{key}={_hydra_value(value)}"
+        return f"{key}=null (the default) or {_NAMES[wanted]}, e.g. {key}={_EXAMPLES[wanted]}"
+    return f"{key}={_EXAMPLES[wanted] if value is None else _hydra_value(value)}"
 
 
 def check_override_types(overrides: list[str], config, defaults) -> int:
