@@ -68,8 +68,8 @@ class RunningZScore:
         """Score ``x`` against the history, then append it (non-finite values are neither scored nor kept).
 
         Returns:
-            ``(z, mean, sd, n)``: mean and sample standard deviation of the n previous values the score used (of their
-            logs with ``log_scale``); z is None during the warm-up or for a non-finite x. A flat history (sd = 0) gives z = 0 for the same value
+            ``(z, mean, sd, n)``: mean and sample standard deviation of the n previous values the score used (of
+            their logs with ``log_scale``); z is None during the warm-up or for a non-finite x. A flat history (sd = 0) gives z = 0 for the same value
             and ±inf for any other.
         """
         n = len(self.history)

@@ -294,9 +294,9 @@ def check_generation_config(config) -> str:
 _TC = "actor_rollout_ref.actor.megatron.override_transformer_config"
 #: the GPU generation each of Megatron-Core's FP8 recipes (``override_transformer_config.fp8_recipe``) is written
 #: for, as compute-capability majors: Transformer Engine's block scalings are per generation — ``Float8BlockScaling``
-#: (``blockwise``, DeepSeek-V3's 1x128 / 128x128 scales) on Hopper (9.x), ``MXFP8BlockScaling`` (``mxfp8``,
-#: the OCP microscaling format with hardware scale support) on Blackwell (10.x and later); ``delayed`` and ``tensorwise``
-#: run on every FP8 GPU (Ada 8.9 and later). Source: Transformer Engine's FP8 recipes
+#: (``blockwise``, DeepSeek-V3's 1x128 / 128x128 scales) on Hopper (9.x), ``MXFP8BlockScaling`` (``mxfp8``, the OCP
+#: microscaling format with hardware scale support) on Blackwell (10.x and later); ``delayed`` and ``tensorwise`` run
+#: on every FP8 GPU (Ada 8.9 and later). Source: Transformer Engine's FP8 recipes
 #: (https://docs.nvidia.com/deeplearning/transformer-engine/user-guide/examples/fp8_primer.html) and verl's
 #: docs/low_precision/fp8.md ("blockwise" on Hopper).
 FP8_RECIPE_GPUS = types.MappingProxyType({"blockwise": (9, 9), "mxfp8": (10, 99)})

@@ -139,7 +139,7 @@ def complete_message(state: ResumeState, command: str, run_dir: str | None = Non
         import shlex
 
         other = f"STAPO_RUN_DIR={shlex.quote(run_dir + '_2')}"
-        again = (re.sub(r"STAPO_RUN_DIR=\S+", lambda _m: other, command, count=1) if "STAPO_RUN_DIR=" in command
+        again = (re.sub(r"STAPO_RUN_DIR=(?:\\.|\S)+", lambda _m: other, command, count=1) if "STAPO_RUN_DIR=" in command
                  else f"{other} {command}")
         lines.append(f"  start another run:  {again}   (or delete {run_dir})")
         lines.append(f"  its results:        {run_dir}/summary.md")

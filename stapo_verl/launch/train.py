@@ -37,7 +37,8 @@ In one process, so verl and the plugin are imported once:
 
 Before step 1, :func:`checked_config` stops with one line naming the fix, and exit status
 :data:`~stapo_verl.launch.errors.EXIT_CONFIG` (2), on a verl the plugin was not written for, overrides that do not
-compose, an override of the wrong type (:mod:`stapo_verl.launch.override_types`), a config value the plugin refuses (with its default and the override that fixes it) and bad data files
+compose, an override of the wrong type (:mod:`stapo_verl.launch.override_types`), a config value the plugin
+refuses (with its default and the override that fixes it) and bad data files
 (columns, data sources, prompt lengths: :mod:`stapo_verl.launch.data_checks`).
 
 Exit status: main_ppo's (0 = trained); :data:`EXIT_COMPLETE` = already complete, nothing run; 2 = nothing started:
