@@ -331,7 +331,7 @@ def test_model_shape_checked_when_model_path_is_local(tmp_path):
     (overrides,) = _overrides("recipes/qwen3_8b_stapo.sh", [], env={"MODEL_PATH": str(tmp_path), "ACTOR_TP": "8"})
     report, text = _dry(overrides)
     assert not report.ok
-    assert "num_attention_heads=12 is not divisible by Megatron TP=8" in text
+    assert f"num_attention_heads=12 ({tmp_path / 'config.json'}) is not divisible by Megatron TP=8" in text
 
 
 def test_bad_size_method_precision_fail_fast():
