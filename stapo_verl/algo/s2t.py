@@ -3,7 +3,8 @@
 Token (i, t) is spurious iff Â_i > 0, p_{i,t} < τ_p and H_{i,t} < τ_h = Quantile_q(P) (linear), P the entropies of
 the valid candidates (Â > 0, p < τ_p) over the data-parallel group. Spurious tokens and valid non-finite ones leave
 the policy-gradient term and its token-mean denominator. The group exchange is two tensor ``all_gather`` calls on the
-inputs' device (the caller puts them on the group's device, as verl's engines do with their token count).
+inputs' device (the caller puts them on the group's device, as verl's engines do with their token count). One mask
+reads the device twice: the group's counts (the sizes of the candidates' exchange) and the metrics.
 """
 
 from __future__ import annotations
@@ -13,9 +14,51 @@ import math
 import torch
 import torch.distributed as dist
 
+#: the most elements ``torch.quantile`` accepts (it raises above); :func:`quantile_linear` has no such limit
+TORCH_QUANTILE_MAX_NUMEL = 2**24
+
+
+def below_tau_p(log_prob: torch.Tensor, tau_p: float) -> torch.Tensor:
+    """The candidate rule p < τ_p, read as log p < ln τ_p in fp32 (paper §3); any shape, bool; NaN gives False.
+
+    ``log_prob``: log p of the sampled tokens, any float dtype (compared after a float32 cast, so bf16 or fp64
+    inputs decide as fp32 ones do). The mask and its statistics both apply this one rule.
+    """
+    return log_prob.detach().float() < math.log(tau_p)
+
+
+def quantile_linear(values: torch.Tensor, q) -> torch.Tensor:
+    """``torch.quantile(values, q, interpolation="linear")`` without its limit of 2^24 elements.
+
+    Sorts once and interpolates as ``torch.quantile`` does (rank q·(n − 1) in the values' dtype, ``lerp`` between
+    the two neighbouring order statistics), so both agree bit for bit where both run; above 2^24 elements the rank is
+    taken in float64, where float32 could no longer hold it.
+
+    Args:
+        values: (n,) float, n ≥ 1, finite (the candidates' entropies). q: a float, or a sequence of floats, in [0, 1].
+
+    Returns:
+        0-d tensor for a float ``q``, else (len(q),); the values' dtype and device.
+
+    Raises:
+        ValueError: ``values`` is empty or not 1-d, or a q lies outside [0, 1].
+    """
+    if values.ndim != 1 or values.numel() == 0:
+        raise ValueError(f"quantile_linear needs a non-empty 1-d tensor, got shape {tuple(values.shape)}")
+    qs = [float(x) for x in q] if isinstance(q, list | tuple) else [float(q)]
+    if not all(0.0 <= x <= 1.0 for x in qs):
+        raise ValueError(f"quantile_linear: q must lie in [0, 1], got {q}")
+    n = values.numel()
+    dtype = values.dtype if n <= TORCH_QUANTILE_MAX_NUMEL else torch.float64
+    ranks = torch.tensor(qs, dtype=dtype, device=values.device) * (n - 1)
+    below = ranks.long()
+    ordered = torch.sort(values).values
+    out = torch.lerp(ordered[below], ordered[ranks.ceil().long()], (ranks - below).to(values.dtype))
+    return out if isinstance(q, list | tuple) else out[0]
+
 
 def candidate_mask(log_prob, entropy, advantages, response_mask, tau_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates P (valid, finite, Â > 0, log p < ln τ_p; paper §3) and the valid non-finite tokens, (bs, T) bool.
+    """Candidates P (valid, finite, Â > 0, :func:`below_tau_p`; paper §3) and the valid non-finite tokens, (bs, T) bool.
 
     ``log_prob`` (log p of the sampled token), ``entropy`` (nats), ``advantages``: (bs, T) float, read detached in
     fp32; ``response_mask``: (bs, T) bool or int. Raises ValueError when the four shapes differ.
@@ -24,43 +67,53 @@ def candidate_mask(log_prob, entropy, advantages, response_mask, tau_p: float) -
     if len(shapes) != 1:
         raise ValueError(f"S2T inputs must share one (batch, response_len) shape, got {sorted(shapes)}")
     lp = log_prob.detach().float()
-    ent = entropy.detach().float()
     valid = response_mask.bool()
-    finite = torch.isfinite(lp) & torch.isfinite(ent)
-    nonfinite = valid & ~finite
+    finite = torch.isfinite(lp) & torch.isfinite(entropy.detach().float())
     adv = torch.nan_to_num(advantages.detach().float(), nan=0.0)
-    below_tau_p = torch.where(finite, lp, torch.zeros_like(lp)) < math.log(tau_p)
-    return valid & finite & (adv > 0) & below_tau_p, nonfinite
+    return valid & finite & (adv > 0) & below_tau_p(lp, tau_p), valid & ~finite
 
 
 def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group=None):
-    """P over ``group`` (None: this process holds all): ``(rows, offset, n_valid, n_nonfinite)``, rows (|P|, 2)
-    float32 (H, log p) of every rank's candidates in rank order, ``offset`` this rank's first row, and the group's
-    valid and non-finite token counts. Inputs (bs, T) as in :func:`candidate_mask` and its outputs."""
-    rows = torch.stack([entropy.detach().float()[candidates], log_prob.detach().float()[candidates]], dim=1)
-    counts = torch.stack([candidates.sum(), response_mask.bool().sum(), nonfinite.sum()]).to(rows.device)
-    if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
-        n_valid, n_nonfinite = (int(c) for c in counts[1:].tolist())
-        return rows, 0, n_valid, n_nonfinite
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    all_counts = [torch.empty_like(counts) for _ in range(world)]
-    dist.all_gather(all_counts, counts, group=group)
-    table = torch.stack(all_counts).tolist()  # (world, 3): the one device-to-host copy
+    """P over ``group`` (None: this process holds all): ``(rows, mine, index, n_valid, n_nonfinite)``: rows (|P|, 2)
+    float32 (H, log p) of every rank's candidates in rank order, ``mine`` the slice of this rank's rows, ``index``
+    their flat positions in the (bs, T) inputs (int64), and the group's valid and non-finite token counts (ints).
+    Inputs (bs, T) as in :func:`candidate_mask` and its outputs. One device-to-host copy: the group's counts."""
+    counts = torch.stack([candidates.sum(), response_mask.bool().sum(), nonfinite.sum()])
+    distributed = group is not None and dist.is_initialized() and dist.get_world_size(group) > 1
+    if distributed:
+        all_counts = [torch.empty_like(counts) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(all_counts, counts, group=group)
+        counts = torch.stack(all_counts)
+    table = counts.reshape(-1, 3).tolist()  # (world, 3): the one device-to-host copy
+    rank = dist.get_rank(group) if distributed else 0
     sizes = [row[0] for row in table]
-    padded = rows.new_zeros(max(max(sizes), 1), 2)
-    padded[: rows.shape[0]] = rows
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded, group=group)
-    rows = torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
-    return rows, sum(sizes[:rank]), sum(row[1] for row in table), sum(row[2] for row in table)
+    index = torch.nonzero_static(candidates.reshape(-1), size=sizes[rank]).reshape(-1)  # size known: no sync
+    rows = torch.stack([entropy.detach().float().reshape(-1)[index], log_prob.detach().float().reshape(-1)[index]], 1)
+    if distributed:
+        padded = rows.new_zeros(max(max(sizes), 1), 2)
+        padded[: rows.shape[0]] = rows
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        rows = torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)])
+    start = sum(sizes[:rank])
+    mine = slice(start, start + sizes[rank])
+    return rows, mine, index, sum(row[1] for row in table), sum(row[2] for row in table)
 
 
-def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h: float | None) -> dict[str, float]:
+def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h) -> dict[str, float]:
     """The mask's metrics under ``actor/stapo/``, global over the group: masked_frac and candidate_frac (of the valid
     tokens), num_masked, num_candidates, nonfinite_tokens, renorm_factor (valid / kept tokens), and when defined tau_h
     (nats), masked_p_mean and masked_entropy_mean (over the silenced tokens). ``rows``: :func:`gather_candidates`'s;
-    ``silenced``: (|P|,) bool."""
-    n_masked, prefix = int(silenced.sum()), "actor/stapo/"
+    ``silenced``: (|P|,) bool; ``tau_h``: 0-d tensor, float or None. One device-to-host copy."""
+    silent = silenced.to(rows.device)
+    device_values = torch.stack([
+        silent.sum().double(),
+        torch.where(silent, rows[:, 1].double().exp(), 0.0).sum(),
+        torch.where(silent, rows[:, 0].double(), 0.0).sum(),
+        torch.as_tensor(math.nan if tau_h is None else tau_h, dtype=torch.float64, device=rows.device).reshape(()),
+    ])
+    n_masked, p_sum, h_sum, tau = device_values.tolist()
+    n_masked, prefix = int(n_masked), "actor/stapo/"
     metrics = {
         prefix + "masked_frac": n_masked / max(n_valid, 1),
         prefix + "candidate_frac": rows.shape[0] / max(n_valid, 1),
@@ -70,24 +123,31 @@ def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h: float | N
         prefix + "renorm_factor": n_valid / max(n_valid - n_masked - n_nonfinite, 1),
     }
     if tau_h is not None:
-        metrics[prefix + "tau_h"] = float(tau_h)
+        metrics[prefix + "tau_h"] = tau
     if n_masked > 0:
-        metrics[prefix + "masked_p_mean"] = float(rows[silenced, 1].double().exp().mean())
-        metrics[prefix + "masked_entropy_mean"] = float(rows[silenced, 0].double().mean())
+        metrics[prefix + "masked_p_mean"] = p_sum / n_masked
+        metrics[prefix + "masked_entropy_mean"] = h_sum / n_masked
     return metrics
+
+
+def keep_from_silenced(candidates, nonfinite, response_mask, silenced, mine, index) -> torch.Tensor:
+    """K = valid ∧ ¬non-finite ∧ ¬silenced, (bs, T) bool: this rank's rows ``mine`` of the group's ``silenced``
+    ((|P|,) bool) put back at their flat positions ``index`` (:func:`gather_candidates`)."""
+    spurious = torch.zeros(candidates.numel(), dtype=torch.bool, device=candidates.device)
+    spurious[index] = silenced[mine].to(candidates.device)
+    return response_mask.bool() & ~nonfinite & ~spurious.reshape(candidates.shape)
 
 
 def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, q=0.75, group=None):
     """Keep mask K = valid ∧ finite ∧ ¬spurious, (bs, T) bool, and :func:`s2t_metrics`, for this rank's share of an
     optimizer mini-batch (paper §3, Algorithm 1; τ_p = 0.002, q = 0.75 there). P is gathered over ``group`` before
-    τ_h is taken, so K does not depend on the DP or micro-batch split. Inputs as in :func:`candidate_mask`, on the
-    group's device. Raises ValueError (shapes), RuntimeError (|P| > 2^24, ``torch.quantile``'s limit)."""
+    τ_h (:func:`quantile_linear`, any |P|) is taken, so K does not depend on the DP or micro-batch split. Inputs as
+    in :func:`candidate_mask`, on the group's device. Raises ValueError (shapes)."""
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
-    rows, offset, n_valid, n_nonfinite = gather_candidates(
+    rows, mine, index, n_valid, n_nonfinite = gather_candidates(
         log_prob, entropy, response_mask, candidates, nonfinite, group
     )
-    tau_h = float(torch.quantile(rows[:, 0], q)) if len(rows) else None
+    tau_h = quantile_linear(rows[:, 0], q) if len(rows) else None
     silenced = rows[:, 0] < tau_h if tau_h is not None else torch.zeros(0, dtype=torch.bool, device=rows.device)
-    spurious = torch.zeros_like(candidates)
-    spurious[candidates] = silenced[offset : offset + int(candidates.sum())].to(candidates.device)
-    return response_mask.bool() & ~nonfinite & ~spurious, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau_h)
+    keep = keep_from_silenced(candidates, nonfinite, response_mask, silenced, mine, index)
+    return keep, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau_h)

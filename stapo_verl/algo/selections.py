@@ -13,19 +13,20 @@ entropy, here over the whole optimizer mini-batch across the data-parallel group
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-from stapo_verl.algo.s2t import candidate_mask, gather_candidates, s2t_metrics
+from stapo_verl.algo.s2t import candidate_mask, gather_candidates, keep_from_silenced, quantile_linear, s2t_metrics
 from stapo_verl.algo.config_ranges import check_range
 
 #: bits kept of a derived seed (``torch.Generator.manual_seed`` takes a signed 64-bit value)
 _SEED_BITS = 0x7FFF_FFFF_FFFF_FFFF
 
 #: ``(candidate entropies (n,) float32) -> (silenced (n,) bool, threshold or None)``: which candidates a mask silences
-CandidateSelection = Callable[[torch.Tensor], "tuple[torch.Tensor, float | None]"]
+CandidateSelection = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor | float | None]"]
 
 
 def s2t_ablation_keep_mask(
@@ -53,13 +54,12 @@ def s2t_ablation_keep_mask(
         ValueError: the inputs do not share one shape.
     """
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
-    rows, offset, n_valid, n_nonfinite = gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite,
-                                                           group)
+    rows, mine, index, n_valid, n_nonfinite = gather_candidates(log_prob, entropy, response_mask, candidates,
+                                                                nonfinite, group)
     silenced, tau = select(rows[:, 0])
     silenced = silenced.to(rows.device)
-    spurious = torch.zeros_like(candidates)
-    spurious[candidates] = silenced[offset : offset + int(candidates.sum())].to(candidates.device)
-    return response_mask.bool() & ~nonfinite & ~spurious, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau)
+    keep = keep_from_silenced(candidates, nonfinite, response_mask, silenced, mine, index)
+    return keep, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau)
 
 
 def high_entropy_selection(q: float) -> CandidateSelection:
@@ -68,11 +68,11 @@ def high_entropy_selection(q: float) -> CandidateSelection:
     The mirror image of S2T: for distinct values it silences as many candidates as S2T does.
     """
 
-    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float | None]:
         if entropy.numel() == 0:
             return torch.zeros(0, dtype=torch.bool), None
-        tau = torch.quantile(entropy, 1.0 - q)
-        return entropy > tau, float(tau)
+        tau = quantile_linear(entropy, 1.0 - q)
+        return entropy > tau, tau
 
     return select
 
@@ -85,16 +85,16 @@ def random_selection(q: float, seed: int) -> CandidateSelection:
         seed: RNG seed; must be equal on every rank (see :func:`mask_seed`).
     """
 
-    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float | None]:
         n = entropy.numel()
         if n == 0:
             return torch.zeros(0, dtype=torch.bool), None
-        tau = torch.quantile(entropy, q)
+        tau = quantile_linear(entropy, q)
         budget = int((entropy < tau).sum())
         generator = torch.Generator().manual_seed(int(seed) & _SEED_BITS)
         silenced = torch.zeros(n, dtype=torch.bool)
         silenced[torch.randperm(n, generator=generator)[:budget]] = True
-        return silenced, float(tau)
+        return silenced, tau
 
     return select
 
@@ -102,7 +102,7 @@ def random_selection(q: float, seed: int) -> CandidateSelection:
 def full_selection() -> CandidateSelection:
     """Ablation (JustRL-FullMask): silence every candidate (no entropy condition)."""
 
-    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, float | None]:
+    def select(entropy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | float | None]:
         return torch.ones(entropy.numel(), dtype=torch.bool), None
 
     return select
@@ -148,24 +148,26 @@ def top_entropy_keep_mask(
     check_range("top_entropy_ratio", ratio)
     ent = entropy.detach().float()
     usable = response_mask.bool() & torch.isfinite(ent)
-    local = ent[usable]
     distributed = group is not None and dist.is_initialized() and dist.get_world_size(group) > 1
-    counts = torch.tensor([usable.sum(), response_mask.bool().sum()], dtype=torch.int64, device=ent.device)
+    counts = torch.stack([usable.sum(), response_mask.bool().sum()]).to(torch.int64)
     if distributed:
         dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
-    n_usable, n_valid = int(counts[0]), int(counts[1])
+    n_usable, n_valid = counts.tolist()
     k = min(n_usable, max(1, int(n_usable * ratio + 0.9999))) if n_usable else 0
     if k == 0:
         return torch.zeros_like(usable), {"actor/top_entropy/kept_frac": 0.0}
-    top_local = torch.topk(local, min(k, local.numel())).values.cpu() if local.numel() else local.cpu()
+    # each rank's top min(k, its count) entropies, -inf beyond its count: one (k,) tensor per rank, gathered
+    local = torch.where(usable, ent, -math.inf).reshape(-1)
+    top = torch.topk(local, min(k, local.numel())).values
+    top = torch.cat([top, top.new_full((k - top.numel(),), -math.inf)])
     if distributed:
-        parts = [None] * dist.get_world_size(group)
-        dist.all_gather_object(parts, top_local, group=group)
-        top_local = torch.cat(parts)
-    tau = torch.topk(top_local, k).values[-1]
-    keep = usable & (ent >= tau.to(ent.device))
+        parts = [torch.empty_like(top) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, top, group=group)
+        top = torch.cat(parts)
+    tau = torch.topk(top, k).values[-1]
+    keep = usable & (ent >= tau)
     n_keep = keep.sum().to(torch.int64)
     if distributed:
         dist.all_reduce(n_keep, op=dist.ReduceOp.SUM, group=group)
-    return keep, {"actor/top_entropy/kept_frac": int(n_keep) / max(n_valid, 1),
-                  "actor/top_entropy/threshold": float(tau)}
+    n_kept, threshold = torch.stack([n_keep.double(), tau.double()]).tolist()
+    return keep, {"actor/top_entropy/kept_frac": n_kept / max(n_valid, 1), "actor/top_entropy/threshold": threshold}

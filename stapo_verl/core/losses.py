@@ -29,7 +29,7 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils import tensordict_utils as tu
-from verl.utils.device import get_device_id
+from verl.utils.device import get_device_id, get_device_name, get_torch_device
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding, response_to_nested
@@ -41,11 +41,26 @@ POLICY_LOSS_MASK_KEY = "policy_loss_mask"
 POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
-def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None) -> dict[str, float]:
+def run_prepare_batch(prepare_batch_fn, data: TensorDict, engine) -> dict[str, float]:
+    """The pre-pass of one optimizer mini-batch, as ``TrainingWorker.train_batch`` runs it before the engine counts
+    (``batch_num_tokens``) and splits it: ``prepare_batch_fn(data, engine=engine, dp_group=<engine's DP group>)``
+    under a forked RNG (CPU and this rank's accelerator), so a forward it runs (dropout) or a draw it makes leaves
+    the update's random state as it found it. ``prepare_batch_fn`` writes its selection into ``data`` (a batch field
+    such as ``policy_loss_mask``) and returns its metrics (global over DP); returns them (``{}`` for None)."""
+    if prepare_batch_fn is None:
+        return {}
+    device_name = get_device_name()
+    on_device = device_name != "cpu" and get_torch_device().is_available()
+    with torch.random.fork_rng(devices=[get_device_id()] if on_device else [], device_type=device_name):
+        return prepare_batch_fn(data, engine=engine, dp_group=engine.get_data_parallel_group())
+
+
+def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None, engine=None) -> dict[str, float]:
     """Run ``policy_loss.token_mask`` on this rank's share of an optimizer mini-batch before the engine splits it (on
     ``get_device_id()`` when ``dp_group`` has several ranks). Writes ``policy_loss_mask`` (like ``response_mask``) and
-    ``policy_batch_num_tokens`` (its sum over the group) for ``ppo_loss``; returns the mask's metrics. Raises
-    ValueError for an unregistered mask, KeyError when the mini-batch lacks a field the mask reads."""
+    ``policy_batch_num_tokens`` (its sum over the group) for ``ppo_loss``; returns the mask's metrics. ``engine``:
+    the worker's engine (``TrainingWorker.set_loss_fn``'s pre-pass contract; the registered masks read their fields
+    only). Raises ValueError for an unregistered mask, KeyError when the mini-batch lacks a field the mask reads."""
     mask_fn, fields = core_algos.get_policy_token_mask(config.policy_loss.token_mask)
     missing = [key for key in fields if key not in data.keys()]
     if missing:
@@ -65,7 +80,8 @@ def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None
         dist.all_reduce(num_tokens, group=dp_group)
     keep = keep.to(response_mask.dtype)
     data["policy_loss_mask"] = response_to_nested(keep, response_mask) if response_mask.is_nested else keep
-    tu.assign_non_tensor(data, policy_batch_num_tokens=num_tokens.item())
+    num_tokens = num_tokens.item()  # the one count the loss needs on the host, as the engine's batch_num_tokens
+    tu.assign_non_tensor(data, policy_batch_num_tokens=num_tokens)
     return {**metrics, "actor/policy_batch_num_tokens": float(num_tokens)}
 
 
@@ -136,16 +152,18 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
             for x in (old_log_prob, log_prob, advantages, rollout_is_weights)
         )
     config.global_batch_info["batch_num_tokens"] = pg_batch_num_tokens
-    pg_loss, pg_metrics = policy_loss_fn(
-        old_log_prob=old_log_prob,
-        log_prob=pg_log_prob,
-        advantages=advantages,
-        response_mask=pg_mask,
-        loss_agg_mode=loss_agg_mode,
-        config=config,
-        rollout_is_weights=rollout_is_weights,
-    )
-    config.global_batch_info["batch_num_tokens"] = batch_num_tokens
+    try:  # the losses read the denominator from the config; it is Σ loss_mask again for every later reader
+        pg_loss, pg_metrics = policy_loss_fn(
+            old_log_prob=old_log_prob,
+            log_prob=pg_log_prob,
+            advantages=advantages,
+            response_mask=pg_mask,
+            loss_agg_mode=loss_agg_mode,
+            config=config,
+            rollout_is_weights=rollout_is_weights,
+        )
+    finally:
+        config.global_batch_info["batch_num_tokens"] = batch_num_tokens
 
     # AggregationType.MEAN for pg metrics: assumes policy_loss_fn normalizes by local_bsz/local_tokens
     # Ex: in compute_policy_loss_vanilla, pg_metrics are pg_clipfrac, ppo_kl, pg_clipfrac_lower

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from stapo_verl.algo.s2t import candidate_mask
+from stapo_verl.algo.s2t import candidate_mask, quantile_linear
 from stapo_verl.algo.config_ranges import check_range
 from stapo_verl.diagnostics.stats import logit_grad_norm_sq_bounds
 
@@ -138,7 +138,7 @@ def quadrant_masks(log_prob: torch.Tensor, entropy: torch.Tensor, advantages: to
     ent = entropy.detach().float()
     valid = response_mask.bool() & ~nonfinite
     positive = valid & (torch.nan_to_num(advantages.detach().float(), nan=0.0) > 0)
-    tau_h = float(torch.quantile(ent[cand], q)) if bool(cand.any()) else None  # as the mask: linear, fp32
+    tau_h = float(quantile_linear(ent[cand], q)) if bool(cand.any()) else None  # as the mask: linear, fp32
     low_p = cand  # = positive & (log p < ln τ_p)
     low_h = ent < tau_h if tau_h is not None else torch.zeros_like(positive)
     masks = {}

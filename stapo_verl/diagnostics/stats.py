@@ -25,11 +25,12 @@ the gradient-norm bounds with their sums); everything else is O(low-probability 
 tests, the candidates' thirds, two fixed-bin ``histc`` per sign, the candidate entropies' quantiles.
 
 In training the plugin's worker wrapper computes them after the mask, from the mask's keep, with
-:func:`mask_statistics` (one ``all_gather_object`` of each rank's share over the DP group: its histograms, counts
-and bound sums, a few bytes per candidate); the mask itself, which the upstream series copies into verl, knows
-nothing of them. ``benchmarks/bench_diagnostics.py`` measures mask and statistics at the production shape.
+:func:`mask_statistics` (two tensor ``all_gather`` calls over the DP group on its device: each rank's histograms,
+counts and bound sums in one fixed-size vector, then its candidates' entropies); the mask itself, which the upstream
+series copies into verl, knows nothing of them. ``benchmarks/bench_diagnostics.py`` measures mask and statistics at the production shape.
 
-Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is ``torch.quantile`` (linear), as τ_h in
+Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is ``torch.quantile``'s linear interpolation
+(:func:`stapo_verl.algo.s2t.quantile_linear`, without its 2^24-element limit), as τ_h in
 :func:`stapo_verl.algo.s2t.s2t_keep_mask`; Theorem 3.1 of the paper (after Yang et al. 2025, arXiv 2505.12929) for the
 gradient-norm bounds; verl's ``agg_loss`` (``verl.trainer.ppo.core_algos``) for the per-token weights.
 """
@@ -43,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from stapo_verl.algo.config_ranges import check_range
+from stapo_verl.algo.s2t import below_tau_p, quantile_linear
 
 #: quantiles of the candidates' entropy logged as ``candidate_entropy_p<100·q>``
 QUANTILES = (0.5, 0.75, 0.95)
@@ -310,7 +312,7 @@ def _low_probability(log_prob, entropy, advantages, response_mask, tau_p: float)
     lp = log_prob.detach()
     valid = response_mask.bool()
     # O(tokens): one pass for the low-probability tokens (NaN compares false), one for the positive-advantage count
-    low = (valid & (lp < math.log(tau_p))).nonzero(as_tuple=True)
+    low = (valid & below_tau_p(lp, tau_p)).nonzero(as_tuple=True)
     adv_all = advantages.detach()
     n_positive = (valid & (adv_all > 0)).sum().reshape(1)
     # O(low-probability tokens) from here on
@@ -426,7 +428,7 @@ def _statistics(entropies, counts, grad_sums, histograms) -> MaskStatistics:
         hists[name] = merged
     quantiles = None
     if entropies.numel() > 0:
-        quantiles = tuple(float(torch.quantile(entropies, q)) for q in QUANTILES)
+        quantiles = tuple(quantile_linear(entropies, QUANTILES).tolist())
     return MaskStatistics(n_positive=int(counts[0]), n_candidates=int(entropies.numel()),
                           entropy_quantiles=quantiles, silenced_by_position=tuple(int(c) for c in counts[1:4]),
                           histograms=hists, grad_norm_sq_sums=grad_sums)
@@ -456,10 +458,12 @@ def mask_statistics(
     vocab_size: int | None = None,
     loss_agg_mode: str = "token-mean",
     rollout_is_weights: torch.Tensor | None = None,
+    device=None,
 ) -> MaskStatistics:
     """The statistics of one optimizer mini-batch for any keep mask, global over ``group``, identical on every rank.
 
-    With its own ``all_gather_object`` (the plugin's worker wrapper calls it after the mask, with the mask's keep).
+    With its own exchange, two tensor ``all_gather`` calls on ``device`` (:func:`exchange_partials`; the plugin's
+    worker wrapper calls it after the mask, with the mask's keep).
 
     Args:
         log_prob, entropy, advantages, response_mask, keep, tau_p, vocab_size, loss_agg_mode, rollout_is_weights:
@@ -467,6 +471,7 @@ def mask_statistics(
         group: the data-parallel group whose ranks together hold the mini-batch (each token on exactly one rank);
             every rank of it must call this function. None (or no initialised process group) means this process
             holds the whole mini-batch.
+        device: the device of ``group``'s collectives (None: the inputs' device).
 
     Returns:
         :class:`MaskStatistics`; the candidates' entropies are concatenated in rank order, as for τ_h, so the
@@ -480,6 +485,53 @@ def mask_statistics(
                           loss_agg_mode=loss_agg_mode, rollout_is_weights=rollout_is_weights)
     if group is None or not dist.is_initialized() or dist.get_world_size(group) == 1:
         return combine([mine])
-    parts = [None] * dist.get_world_size(group)
-    dist.all_gather_object(parts, mine, group=group)
-    return combine(parts)
+    return combine(exchange_partials(mine, group, device=log_prob.device if device is None else device))
+
+
+def _pack(part: dict) -> torch.Tensor:
+    """A rank's :func:`local_partials` but its candidates' entropies, as one (L,) float64 tensor (L the same on every
+    rank: the histograms' edges are): |P_rank|, the counts, the bound sums, then per histogram its bin counts, Σ x,
+    Σ x², min, max. Counts stay exact (below 2^53)."""
+    pieces = [torch.tensor([float(part["candidate_entropy"].numel())], dtype=torch.float64),
+              part["counts"].double(), part["grad_norm_sq_sums"].double()]
+    for name in HISTOGRAMS:
+        h = part["histograms"][name]
+        pieces.append(torch.tensor([*h.counts, h.total, h.total_sq, h.low, h.high], dtype=torch.float64))
+    return torch.cat(pieces)
+
+
+def _unpack(vector: list[float], entropies: torch.Tensor, like: dict) -> dict:
+    """The inverse of :func:`_pack` (``vector`` as a list), with that rank's candidate entropies; ``like``: this
+    rank's part (the histograms' edges)."""
+    at = 9
+    histograms = {}
+    for name in HISTOGRAMS:
+        edges = like["histograms"][name].edges
+        bins = len(edges) - 1
+        values = vector[at : at + bins + 4]
+        histograms[name] = Histogram(edges=edges, counts=tuple(int(c) for c in values[:bins]), total=values[bins],
+                                     total_sq=values[bins + 1], low=values[bins + 2], high=values[bins + 3])
+        at += bins + 4
+    return {"candidate_entropy": entropies, "counts": torch.tensor(vector[1:5], dtype=torch.int64),
+            "grad_norm_sq_sums": torch.tensor(vector[5:9], dtype=torch.float64), "histograms": histograms}
+
+
+def exchange_partials(mine: dict, group, *, device) -> list[dict]:
+    """Every rank's :func:`local_partials` over ``group``, in rank order, in two tensor ``all_gather`` calls on
+    ``device`` (the group's collectives' device): the fixed-size summaries (:func:`_pack`), then the candidates'
+    entropies padded to the largest count. Every rank of ``group`` must call it."""
+    world = dist.get_world_size(group)
+    packed = _pack(mine).to(device)
+    summaries = [torch.empty_like(packed) for _ in range(world)]
+    dist.all_gather(summaries, packed, group=group)
+    table = torch.stack(summaries).tolist()
+    sizes = [int(row[0]) for row in table]
+    ent = mine["candidate_entropy"].float().to(device)
+    padded = ent.new_zeros(max(max(sizes), 1))
+    padded[: ent.numel()] = ent
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded, group=group)
+    entropies = torch.cat([part[:size] for part, size in zip(parts, sizes, strict=True)]).cpu()
+    starts = [sum(sizes[:r]) for r in range(world)]
+    return [_unpack(row, entropies[start : start + size], mine)
+            for row, start, size in zip(table, starts, sizes, strict=True)]

@@ -3,12 +3,16 @@
 * ``ppo_loss`` (the name ``ActorRolloutRefWorker.init_model`` builds the actor's loss from) is rebound to
   :func:`wrap_ppo_loss`'s dispatcher: :func:`stapo_verl.core.losses.ppo_loss` (verl's function plus the mask on the
   policy-gradient term) when the actor config selects a token mask, verl's own ``ppo_loss`` otherwise.
-* ``TrainingWorker.train_batch`` (one optimizer mini-batch) is wrapped: when the actor's ``policy_loss.token_mask``
-  is set, :func:`stapo_verl.core.losses.apply_policy_token_mask` runs on the mini-batch before verl's body (so
-  before the engine counts tokens), with the current policy's statistics when ``stats_source=current_minibatch``;
+* The pre-pass contract of the upstream series: ``TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)``;
+  ``ActorRolloutRefWorker.init_model`` hands the actor a :class:`StapoPrepareBatch` built from the actor config when
+  ``policy_loss.token_mask`` is set, and ``ActorRolloutRefWorker.set_loss_fn`` keeps it.
+* ``TrainingWorker.train_batch`` (one optimizer mini-batch) is wrapped: with that pre-pass, it runs on the mini-batch
+  before verl's body (so before the engine counts tokens) through :func:`stapo_verl.core.losses.run_prepare_batch`
+  (the engine, a forked RNG, the DP group), with the current policy's statistics when
+  ``stats_source=current_minibatch``;
   the silenced tokens are dumped when ``dump_tokens`` is set; the mask's metrics, the mask statistics
-  (:mod:`stapo_verl.diagnostics.stats`; one ``all_gather_object`` over DP per mini-batch of their own, after the
-  mask's exchange, and none with ``mask_statistics=False``) and the LM-head gradient norm (:mod:`.engine_grads`)
+  (:mod:`stapo_verl.diagnostics.stats`; two tensor ``all_gather`` calls over DP per mini-batch of their own, after
+  the mask's exchange, and none with ``mask_statistics=False``) and the LM-head gradient norm (:mod:`.engine_grads`)
   join the output. When the driver asked for diagnostics (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the
   last mini-batch of the update also carries the update's histograms and, when a table is due, the token rows of
   every DP rank (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`).
@@ -27,7 +31,12 @@ from dataclasses import dataclass, field
 import torch
 
 from stapo_verl.core import losses as core_losses
-from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
+from stapo_verl.core.losses import (
+    POLICY_BATCH_NUM_TOKENS_KEY,
+    POLICY_LOSS_MASK_KEY,
+    apply_policy_token_mask,
+    run_prepare_batch,
+)
 from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows, table_rows
 from stapo_verl.diagnostics.stats import MaskStatistics, is_vocab_size, mask_statistics
@@ -87,10 +96,33 @@ class MiniBatchCursor:
         self.index = 0 if last_of_update else self.index + 1
 
 
-def actor_config_of(loss_fn):
-    """The actor config a worker's loss function was built with (``partial(..., config=...)``), or None."""
-    config = getattr(loss_fn, "keywords", {}).get("config") if loss_fn is not None else None
-    return config if hasattr(config, "policy_loss") else None
+#: batch fields the current-policy pre-pass writes beside the mask: the statistics the mask read (response layout)
+CURRENT_LOG_PROBS_KEY = "stapo_current_log_probs"
+CURRENT_ENTROPY_KEY = "stapo_current_entropy"
+
+
+class StapoPrepareBatch:
+    """The plugin's pre-pass, ``TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=...)``'s ``prepare_batch_fn``
+    (the upstream series' contract; verl 0.9.1 gets that method from :func:`patch_engine_workers`).
+
+    ``__call__(data, *, engine, dp_group) -> metrics`` runs the actor's ``policy_loss.token_mask`` on one optimizer
+    mini-batch: on the old policy's statistics (:func:`stapo_verl.core.losses.apply_policy_token_mask`, no
+    forward), or with ``stats_source=current_minibatch`` on those of one no-grad forward through ``engine``, whose
+    log-probs and entropies it also writes under :data:`CURRENT_LOG_PROBS_KEY` / :data:`CURRENT_ENTROPY_KEY`
+    (the statistics and the dump read them; the ``train_batch`` wrapper takes them out before verl's body).
+
+    Attributes:
+        config: the actor's ``ActorConfig`` (built by ``ActorRolloutRefWorker.init_model``'s hook from the worker's
+            own config, as verl builds the one ``ppo_loss`` is bound to). forward_keys: :func:`current_forward_keys` of the actor.
+    """
+
+    def __init__(self, config, forward_keys: dict):
+        self.config, self.forward_keys = config, dict(forward_keys)
+
+    def __call__(self, data, *, engine, dp_group=None) -> dict[str, float]:
+        if self.config.policy_loss.stats_source != "current_minibatch":
+            return apply_policy_token_mask(self.config, data, dp_group, engine)
+        return _current_minibatch_mask(self.config, data, engine, self.forward_keys, dp_group)
 
 
 def current_forward_keys(worker) -> dict:
@@ -117,24 +149,36 @@ def _padded(value: torch.Tensor) -> torch.Tensor:
     return value.to_padded_tensor(0) if value.is_nested else value
 
 
-def _current_minibatch_mask(worker, config, data, dp_group) -> tuple[dict, object]:
-    """The mask from the current policy's log-prob and entropy; with ``mask_statistics``, also the old-policy mask,
-    for a diagnostic. Returns the metrics and the masked mini-batch (the current fields)."""
+def _current_minibatch_mask(config, data, engine, forward_keys, dp_group) -> dict[str, float]:
+    """The mask from the current policy's log-prob and entropy (one forward through ``engine``); with
+    ``mask_statistics``, also the old-policy mask, for a diagnostic. Writes the mask into ``data`` and the current
+    statistics under :data:`CURRENT_LOG_PROBS_KEY` / :data:`CURRENT_ENTROPY_KEY`; returns the metrics."""
+    from verl.utils import tensordict_utils as tu
+
     from stapo_verl.minibatch.current_policy import as_response_layout, current_policy_statistics
 
-    log_prob, entropy, seconds = current_policy_statistics(worker.engine, data, current_forward_keys(worker))
+    log_prob, entropy, seconds = current_policy_statistics(engine, data, forward_keys)
     current = data.copy()
     current["old_log_probs"] = as_response_layout(log_prob, data["old_log_probs"])
     current["entropy"] = as_response_layout(entropy, data["entropy"])
-    metrics = apply_policy_token_mask(config, current, dp_group)
+    metrics = apply_policy_token_mask(config, current, dp_group, engine)
     if config.policy_loss.mask_statistics:
         metrics.update(_mask_disagreement(config, data, current, dp_group))
     metrics["actor/stapo/current_forward_s"] = seconds
-    from verl.utils import tensordict_utils as tu
-
     data[POLICY_LOSS_MASK_KEY] = current[POLICY_LOSS_MASK_KEY]
+    data[CURRENT_LOG_PROBS_KEY], data[CURRENT_ENTROPY_KEY] = current["old_log_probs"], current["entropy"]
     tu.assign_non_tensor(data, **{POLICY_BATCH_NUM_TOKENS_KEY: tu.get(current, POLICY_BATCH_NUM_TOKENS_KEY)})
-    return metrics, current
+    return metrics
+
+
+def _take_current(data):
+    """The mini-batch as the mask read it: ``data`` itself on the old-policy route, else a copy with the current
+    statistics (taken out of ``data``) under the old-policy names."""
+    if CURRENT_LOG_PROBS_KEY not in data.keys():
+        return data
+    masked = data.copy()
+    masked["old_log_probs"], masked["entropy"] = data.pop(CURRENT_LOG_PROBS_KEY), data.pop(CURRENT_ENTROPY_KEY)
+    return masked
 
 
 def _mask_disagreement(config, data, current, dp_group) -> dict[str, float]:
@@ -229,11 +273,16 @@ def minibatch_statistics(config, padded: dict, vocab_size: int | None, dp_group)
     """The mask statistics of the mini-batch over the DP group (``padded``: :func:`_padded_fields` of the fields the
     mask read, with its keep under ``POLICY_LOSS_MASK_KEY``); the PG weights of the silenced-gradient share follow
     the actor's ``loss_agg_mode`` and rollout-correction weights, |V| is the model's (:func:`vocab_size_of`). One
-    ``all_gather_object`` over ``dp_group``, on every rank of it."""
+    exchange over ``dp_group`` (two tensor ``all_gather`` calls on its device), on every rank of it."""
+    import torch.distributed as dist
+    from verl.utils.device import get_device_id
+
+    distributed = dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1
     return mask_statistics(padded["old_log_probs"], padded["entropy"], padded["advantages"], padded["response_mask"],
                            padded[POLICY_LOSS_MASK_KEY], tau_p=config.policy_loss.s2t_tau_p, group=dp_group,
                            vocab_size=vocab_size, loss_agg_mode=config.loss_agg_mode,
-                           rollout_is_weights=padded.get("rollout_is_weights"))
+                           rollout_is_weights=padded.get("rollout_is_weights"),
+                           device=get_device_id() if distributed else None)
 
 
 def _payload(config, cursor, step, table_due, dp_group, dp_rank) -> DiagnosticsPayload:
@@ -255,9 +304,10 @@ def wrap_train_batch(orig):
 
     @functools.wraps(orig)
     def train_batch(self, data):
-        config = actor_config_of(self.loss_fn)
-        if config is None or config.policy_loss.get("token_mask", None) is None:
+        prepare = self.__dict__.get("prepare_batch_fn")
+        if not isinstance(prepare, StapoPrepareBatch):
             return orig(self, data)
+        config = prepare.config
         record_acted(_PREFIX + "TrainingWorker.train_batch")
         loss = getattr(self.loss_fn, "func", None)
         if loss is not core_losses.ppo_loss and not getattr(loss, _MARK, False):
@@ -281,10 +331,9 @@ def wrap_train_batch(orig):
         s2t = pl.token_mask in S2T_TOKEN_MASKS
         statistics = s2t and is_output_rank and bool(pl.mask_statistics)  # the same on every rank of a DP group
 
-        if pl.stats_source == "current_minibatch":
-            metrics, masked = _current_minibatch_mask(self, config, data, dp_group)
-        else:
-            metrics, masked = apply_policy_token_mask(config, data, dp_group), data
+        # the pre-pass, as the upstream series' TrainingWorker.train_batch runs it (engine, forked RNG, DP group)
+        metrics = run_prepare_batch(prepare, data, self.engine)
+        masked = _take_current(data)
         padded = _padded_fields(masked) if s2t and (statistics or pl.dump_tokens) else None
         if padded is not None:
             padded[POLICY_LOSS_MASK_KEY] = _padded(masked[POLICY_LOSS_MASK_KEY])
@@ -347,20 +396,106 @@ def wrap_ppo_loss(orig):
     return ppo_loss
 
 
+def replace_set_loss_fn(orig):
+    """``TrainingWorker.set_loss_fn`` as the upstream series shapes it, keeping ``orig``'s name and verl's
+    ``@register`` dispatch attributes: ``set_loss_fn(loss_fn, prepare_batch_fn=None)`` stores the loss and
+    ``prepare_batch_fn(data, *, engine, dp_group) -> metrics``, the pre-pass ``train_batch`` runs on each optimizer
+    mini-batch (:func:`stapo_verl.core.losses.run_prepare_batch`), or None."""
+
+    @functools.wraps(orig)
+    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
+        if prepare_batch_fn is None:  # no pre-pass (a job without a mask): verl's own method
+            self.__dict__.pop("prepare_batch_fn", None)
+            return orig(self, loss_fn)
+        self.loss_fn = loss_fn
+        self.prepare_batch_fn = prepare_batch_fn
+
+    setattr(set_loss_fn, _MARK, True)
+    return set_loss_fn
+
+
+def wrap_set_loss_fn_keeping_the_pre_pass(orig):
+    """``ActorRolloutRefWorker.set_loss_fn`` replacement: a recipe that replaces the actor's loss through the worker
+    keeps the actor's pre-pass (verl 0.9.1 calls ``self.actor.set_loss_fn(loss_fn=loss_fn)``, which would drop it)."""
+
+    @functools.wraps(orig)
+    def set_loss_fn(self, loss_fn):
+        prepare_batch_fn = self.actor.__dict__.get("prepare_batch_fn")
+        if prepare_batch_fn is None:  # no pre-pass (a job without a mask): verl's own method
+            return orig(self, loss_fn)
+        self.actor.set_loss_fn(loss_fn=loss_fn, prepare_batch_fn=prepare_batch_fn)
+
+    setattr(set_loss_fn, _MARK, True)
+    return set_loss_fn
+
+
+def wrap_init_model(orig):
+    """``ActorRolloutRefWorker.init_model`` wrapper: once verl built the actor, hand it the pre-pass when the
+    actor's ``policy_loss.token_mask`` is set (the series' ``init_model`` passes
+    ``partial(apply_policy_token_mask, actor_config)`` to ``set_loss_fn``); the actor config is built from the
+    worker's own config as verl builds it (``omega_conf_to_dataclass``).
+
+    Raises:
+        TokenMaskIntegrationError: a token mask with a loss that is not the plugin's ``ppo_loss`` (distillation).
+    """
+
+    @functools.wraps(orig)
+    def init_model(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        actor = self.__dict__.get("actor")
+        asked = actor is not None and self.config.actor.get("policy_loss", None) is not None
+        if asked:
+            pl = self.config.actor.policy_loss
+            asked = pl.get("token_mask", None) is not None or pl.get("loss_mode", None) == "stapo"
+        if not asked:
+            return out
+        from verl.utils.config import omega_conf_to_dataclass
+
+        config = omega_conf_to_dataclass(self.config.actor)
+        config.model_config = actor.model_config
+        if config.policy_loss.get("token_mask", None) is None:
+            return out
+        loss = getattr(self.loss_fn, "func", None)
+        if loss is not core_losses.ppo_loss and not getattr(loss, _MARK, False):
+            raise TokenMaskIntegrationError(
+                f"actor.policy_loss.token_mask={config.policy_loss.token_mask!r} is set, but the actor's loss is "
+                f"{getattr(self.loss_fn, 'func', self.loss_fn)!r}, not stapo_verl.core.losses.ppo_loss "
+                "(distillation); the mask would not be applied"
+            )
+        record_acted(_PREFIX + "ActorRolloutRefWorker.init_model")
+        actor.set_loss_fn(self.loss_fn, prepare_batch_fn=StapoPrepareBatch(config, current_forward_keys(actor)))
+        return out
+
+    setattr(init_model, _MARK, True)
+    return init_model
+
+
 def patch_engine_workers(module) -> None:
     """Post-import hook of ``verl.workers.engine_workers``: rebind ``ppo_loss`` to :func:`wrap_ppo_loss`'s
-    dispatcher, wrap ``train_batch`` (idempotent)."""
+    dispatcher; ``TrainingWorker.set_loss_fn`` takes
+    the pre-pass and ``train_batch`` runs it; ``ActorRolloutRefWorker.init_model`` hands it to the actor and its
+    ``set_loss_fn`` keeps it (idempotent)."""
     if not getattr(module.ppo_loss, _MARK, False):
         module.ppo_loss = wrap_ppo_loss(module.ppo_loss)
     cls = module.TrainingWorker
     if not getattr(cls.train_batch, _MARK, False):
         cls.train_batch = wrap_train_batch(cls.train_batch)
+    if not getattr(cls.set_loss_fn, _MARK, False):
+        cls.set_loss_fn = replace_set_loss_fn(cls.set_loss_fn)
+    arr = module.ActorRolloutRefWorker
+    if not getattr(arr.init_model, _MARK, False):
+        arr.init_model = wrap_init_model(arr.init_model)
+    if not getattr(arr.set_loss_fn, _MARK, False):
+        arr.set_loss_fn = wrap_set_loss_fn_keeping_the_pre_pass(arr.set_loss_fn)
 
 
 def is_installed() -> bool:
     """True if this process's ``verl.workers.engine_workers`` carries the patches (imports that module)."""
     import verl.workers.engine_workers as engine_workers
 
-    return getattr(engine_workers.ppo_loss, _MARK, False) and getattr(
-        engine_workers.TrainingWorker.train_batch, _MARK, False
+    return getattr(engine_workers.ppo_loss, _MARK, False) and all(
+        getattr(method, _MARK, False)
+        for method in (engine_workers.TrainingWorker.train_batch, engine_workers.TrainingWorker.set_loss_fn,
+                       engine_workers.ActorRolloutRefWorker.init_model,
+                       engine_workers.ActorRolloutRefWorker.set_loss_fn)
     )

@@ -211,3 +211,26 @@ def test_loss_mode_stapo_equals_vanilla_with_the_s2t_mask():
         apply_policy_token_mask(cfg, td)
         results.append(_loss(ppo_loss, cfg, {**b, "td": td}, batch_num_tokens=n, global_batch_size=6))
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_a_raising_policy_loss_leaves_the_engine_count_for_the_other_terms(monkeypatch):
+    from verl.trainer.ppo import core_algos
+
+    b = random_minibatch(seed=9)
+    n = int(b["rm"].sum())
+    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
+    seen = []
+
+    @core_algos.register_policy_loss("raises")
+    def raises(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, **kw):
+        seen.append(config.global_batch_info["batch_num_tokens"])
+        raise FloatingPointError("the policy loss failed")
+
+    cfg = actor_config("raises", "s2t_full", s2t_tau_p=0.5)
+    apply_policy_token_mask(cfg, b["td"])
+    kept = tu.get(b["td"], POLICY_BATCH_NUM_TOKENS_KEY)
+    assert kept < n  # the two denominators differ
+    with pytest.raises(FloatingPointError, match="the policy loss failed"):
+        _loss(ppo_loss, cfg, b, batch_num_tokens=n, global_batch_size=6)
+    assert seen == [kept]  # the PG term divided by the kept count ...
+    assert cfg.global_batch_info["batch_num_tokens"] == n  # ... and the next terms read the engine's count again

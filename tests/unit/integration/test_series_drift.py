@@ -33,6 +33,7 @@ import stapo_verl.plugin  # noqa: F401  (the plugin's config class checks that t
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core import registry
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError, StapoPolicyLossConfig
+from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
 from support.verl_batches import actor_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -71,11 +72,13 @@ def patched_verl_module(path: str, tmp: Path, monkeypatch):
 @pytest.fixture
 def series(tmp_path, monkeypatch):
     """The series' ``engine_workers`` and ``config.actor`` modules; the names they import from the series' other
-    files (``apply_policy_token_mask``, ``get_policy_token_mask``) are the plugin's, which the series copies."""
+    files (``apply_policy_token_mask``, ``run_prepare_batch``, ``get_policy_token_mask``) are the plugin's, which the
+    series copies."""
     import verl.trainer.ppo.core_algos as core_algos
     import verl.workers.utils.losses as verl_losses
 
     monkeypatch.setattr(verl_losses, "apply_policy_token_mask", core_losses.apply_policy_token_mask, raising=False)
+    monkeypatch.setattr(verl_losses, "run_prepare_batch", core_losses.run_prepare_batch, raising=False)
     monkeypatch.setattr(core_algos, "get_policy_token_mask", registry.get_policy_token_mask, raising=False)
     return SimpleNamespace(
         engine_workers=patched_verl_module("verl/workers/engine_workers.py", tmp_path / "w", monkeypatch),
@@ -93,6 +96,10 @@ def _mini_batch() -> TensorDict:
 
 
 def _worker(config, record):
+    def train_mode(**kwargs):
+        record["mode"] = "train"
+        return nullcontext()
+
     def engine_train_batch(data, loss_function=None):
         record["engine"] = {k: tu.get(data, k) for k in ("policy_loss_mask", "policy_batch_num_tokens")}
         return {"model_output": {}, "loss": [0.0], "metrics": {"actor/pg_loss": [0.5]}}
@@ -101,7 +108,7 @@ def _worker(config, record):
         record["reduced"] = dict(output["metrics"])
         return tu.get_tensordict({}, non_tensor_dict={"metrics": dict(output["metrics"])})
 
-    engine = SimpleNamespace(train_mode=lambda **kwargs: nullcontext(), train_batch=engine_train_batch,
+    engine = SimpleNamespace(train_mode=train_mode, train_batch=engine_train_batch,
                              is_mp_src_rank_with_outputs=lambda: True, get_data_parallel_group=lambda: None,
                              get_data_parallel_rank=lambda: 0, lr_scheduler_step=lambda: None)
     engine_config = SimpleNamespace(forward_only=False, use_dynamic_bsz=False, max_token_len_per_gpu=128,
@@ -121,6 +128,7 @@ def test_the_series_worker_wiring_does_what_the_plugins_wrapper_does(series):
     worker.prepare_batch_fn = functools.partial(core_losses.apply_policy_token_mask, config)  # as init_model does
     series_run["returned"] = tu.get(series.engine_workers.TrainingWorker.train_batch(worker, _mini_batch()), "metrics")
     worker = _worker(config, plugin_run)
+    worker.prepare_batch_fn = StapoPrepareBatch(config, {})  # as the plugin's init_model hook does
     plugin_run["returned"] = tu.get(engine_workers.TrainingWorker.train_batch(worker, _mini_batch()), "metrics")
     # the engine receives the mask and its count, before it counts its own tokens: ⌈0.5 · 9⌉ = 5 kept tokens
     assert series_run["engine"]["policy_batch_num_tokens"] == plugin_run["engine"]["policy_batch_num_tokens"] == 5
@@ -132,7 +140,59 @@ def test_the_series_worker_wiring_does_what_the_plugins_wrapper_does(series):
     assert series_run["returned"]["actor/policy_batch_num_tokens"] == 5.0
 
 
-@pytest.mark.parametrize("token_mask", [None, "s2t"])
+def _pre_pass_seen(record):
+    """A pre-pass that records the engine and DP group it was given, and the RNG it ran under (it draws)."""
+
+    def prepare_batch_fn(data, *, engine, dp_group):
+        record.append((engine, dp_group, torch.rand(()).item()))
+        return {}
+
+    return prepare_batch_fn
+
+
+def test_the_pre_pass_gets_the_engine_and_leaves_the_rng_alone_in_the_series_and_the_plugin(series):
+    import verl.workers.engine_workers as engine_workers
+
+    config = actor_config("vanilla", "s2t")
+    for train_batch in (series.engine_workers.TrainingWorker.train_batch, engine_workers.TrainingWorker.train_batch):
+        seen = []
+        worker = _worker(config, {})
+        worker.prepare_batch_fn = (_pre_pass_seen(seen) if train_batch is series.engine_workers.TrainingWorker.train_batch
+                                   else StapoPrepareBatch(config, {}))
+        if isinstance(worker.prepare_batch_fn, StapoPrepareBatch):  # the plugin's: record through the mask itself
+            worker.prepare_batch_fn.__class__ = type("Recording", (StapoPrepareBatch,), {
+                "__call__": lambda self, data, *, engine, dp_group: _pre_pass_seen(seen)(
+                    data, engine=engine, dp_group=dp_group) or core_losses.apply_policy_token_mask(
+                    self.config, data, dp_group, engine)})
+        torch.manual_seed(5)
+        expected_next = torch.rand(()).item()
+        torch.manual_seed(5)
+        td = _mini_batch()
+        td["old_log_probs"] = td["entropy"].clone()
+        td["advantages"] = td["entropy"].clone()
+        train_batch(worker, td)
+        assert [(e, g) for e, g, _ in seen] == [(worker.engine, None)]  # the engine and its DP group
+        assert torch.rand(()).item() == expected_next  # the draw inside the pre-pass left the RNG as it was
+        assert seen[0][2] == expected_next  # ... and it drew from the same state (a fork, not a reseed)
+
+
+@pytest.mark.parametrize("through", ["series", "plugin"])
+def test_set_loss_fn_through_actor_rollout_ref_worker_keeps_the_pre_pass(series, through):
+    import verl.workers.engine_workers as engine_workers
+
+    module = series.engine_workers if through == "series" else engine_workers
+    config = actor_config("vanilla", "s2t")
+    actor = SimpleNamespace()
+    actor.set_loss_fn = functools.partial(module.TrainingWorker.set_loss_fn, actor)
+    pre_pass = functools.partial(core_losses.apply_policy_token_mask, config)
+    actor.set_loss_fn(functools.partial(core_losses.ppo_loss, config=config), prepare_batch_fn=pre_pass)
+    worker = SimpleNamespace(actor=actor)
+    recipe_loss = functools.partial(core_losses.ppo_loss, config=config)
+    module.ActorRolloutRefWorker.set_loss_fn(worker, recipe_loss)  # a recipe replaces the loss through the worker
+    assert actor.loss_fn is recipe_loss and actor.prepare_batch_fn is pre_pass
+
+
+@pytest.mark.parametrize("token_mask", [None, "s2t", "top_entropy"])
 def test_the_series_config_refuses_what_the_plugins_refuses(series, token_mask):
     grid = [(tau_p, q) for tau_p in (-0.1, 0.0, 1e-13, 0.002, 0.5, 1.0, 1.5)
             for q in (0.0, 1e-6, 0.75, 1.0, 1.5)]
@@ -148,6 +208,6 @@ def test_the_series_config_refuses_what_the_plugins_refuses(series, token_mask):
     plugin_refuses = {p for p in grid if refused(functools.partial(StapoPolicyLossConfig, loss_mode="vanilla"),
                                                   StapoConfigError, *p)}
     assert series_refuses == plugin_refuses
-    # without a mask neither reads the keys; with one, everything outside 0 < tau_p < 1, 0 < q <= 1 is refused
-    assert series_refuses == (set() if token_mask is None
+    # only the S2T mask reads the keys; with it, everything outside 0 < tau_p < 1, 0 < q <= 1 is refused
+    assert series_refuses == (set() if token_mask != "s2t"
                               else {(t, q) for t, q in grid if not (0 < t < 1 and 0 < q <= 1)})

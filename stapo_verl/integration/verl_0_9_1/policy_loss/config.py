@@ -21,7 +21,7 @@ never type it. Key names and defaults::
     actor_rollout_ref.actor.policy_loss.mask_statistics=true     # false: the mask's own metrics only
 
 The allowed values of every key are defined once, in :mod:`stapo_verl.algo.config_ranges` (which the library
-functions that take the same values call too); every token-mask key is checked whenever a mask is selected.
+functions that take the same values call too); the keys a mask reads are checked when it is selected.
 
 Source: STAPO paper (arXiv 2602.15620) §3 and §5 for the defaults; verl ``verl.workers.config.PolicyLossConfig``.
 """
@@ -53,8 +53,16 @@ from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
 
 logger = logging.getLogger(__name__)
 
-#: the ranged keys the registered masks read (:mod:`stapo_verl.core.masks`; ``random_mask_seed`` is any int),
-#: checked whenever a token mask is selected
+#: the ranged keys each registered mask reads (:mod:`stapo_verl.core.masks`; ``random_mask_seed`` is any int), checked
+#: only when that mask is selected
+MASK_KEYS = {
+    "s2t": ("s2t_tau_p", "s2t_entropy_quantile"),
+    "s2t_high_entropy": ("s2t_tau_p", "s2t_entropy_quantile"),
+    "s2t_random": ("s2t_tau_p", "s2t_entropy_quantile"),
+    "s2t_full": ("s2t_tau_p",),
+    "top_entropy": ("top_entropy_ratio",),
+}
+#: every ranged token-mask key
 TOKEN_MASK_KEYS = ("s2t_tau_p", "s2t_entropy_quantile", "top_entropy_ratio")
 #: where the statistics the mask reads come from
 STATS_SOURCES = ("old_policy", "current_minibatch")
@@ -352,9 +360,10 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         self._check_diagnostics()
 
     def _check_mask_keys(self) -> None:
-        """The token-mask keys, each in its range (:data:`stapo_verl.algo.config_ranges.RANGES`), whichever mask is
-        selected (as verl's ``PolicyLossConfig`` checks ``dro_beta`` inline)."""
-        for key in TOKEN_MASK_KEYS:
+        """The keys the selected mask reads (:data:`MASK_KEYS`), each in its range
+        (:data:`stapo_verl.algo.config_ranges.RANGES`), as verl's ``PolicyLossConfig`` checks ``dro_beta`` only for
+        ``loss_mode=dro``."""
+        for key in MASK_KEYS.get(self.token_mask, ()):
             check_range(key, getattr(self, key))
 
     def _check_diagnostics(self) -> None:

@@ -287,3 +287,21 @@ def test_the_kept_count_is_summed_over_the_data_parallel_group(monkeypatch):
     local = int((rm & (torch.arange(T) % 2 == 0)).sum())
     assert tu.get(td, "policy_batch_num_tokens") == local + 5 and calls == ["dp"]
     assert metrics["actor/policy_batch_num_tokens"] == local + 5
+
+
+def test_a_raising_policy_loss_leaves_the_engine_count_for_the_other_terms(monkeypatch):
+    monkeypatch.setattr(core_algos, "POLICY_LOSS_REGISTRY", dict(core_algos.POLICY_LOSS_REGISTRY))
+
+    @core_algos.register_policy_loss("raises")
+    def raises(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, **kw):
+        assert config.global_batch_info["batch_num_tokens"] == tu.get(td, "policy_batch_num_tokens")
+        raise FloatingPointError("the policy loss failed")
+
+    td, padded, rm = _mini_batch(seed=3)
+    config = _actor_config("raises", token_mask=MASK)
+    apply_policy_token_mask(config, td)
+    assert tu.get(td, "policy_batch_num_tokens") < int(rm.sum())  # the two denominators differ
+    with pytest.raises(FloatingPointError, match="the policy loss failed"):
+        _loss(config, td, padded)
+    # the KL and entropy terms of the next call read the engine's count, not the kept one
+    assert config.global_batch_info["batch_num_tokens"] == int(rm.sum())
