@@ -19,41 +19,22 @@ TORCH_QUANTILE_MAX_NUMEL = 2**24
 
 
 def below_tau_p(log_prob: torch.Tensor, tau_p: float) -> torch.Tensor:
-    """The candidate rule p < τ_p, read as log p < ln τ_p in fp32 (paper §3); any shape, bool; NaN gives False.
-
-    ``log_prob``: log p of the sampled tokens, any float dtype (compared after a float32 cast, so bf16 or fp64
-    inputs decide as fp32 ones do). The mask and its statistics both apply this one rule.
-    """
+    """The candidate rule p < τ_p (paper §3) as log p < ln τ_p in fp32, any shape, bool (NaN: False); the mask and
+    its statistics both apply it."""
     return log_prob.detach().float() < math.log(tau_p)
 
 
 def quantile_linear(values: torch.Tensor, q) -> torch.Tensor:
-    """``torch.quantile(values, q, interpolation="linear")`` without its limit of 2^24 elements.
-
-    Sorts once and interpolates as ``torch.quantile`` does (rank q·(n − 1) in the values' dtype, ``lerp`` between
-    the two neighbouring order statistics), so both agree bit for bit where both run; above 2^24 elements the rank is
-    taken in float64, where float32 could no longer hold it.
-
-    Args:
-        values: (n,) float, n ≥ 1, finite (the candidates' entropies). q: a float, or a sequence of floats, in [0, 1].
-
-    Returns:
-        0-d tensor for a float ``q``, else (len(q),); the values' dtype and device.
-
-    Raises:
-        ValueError: ``values`` is empty or not 1-d, or a q lies outside [0, 1].
-    """
+    """``torch.quantile(values, q)`` (linear) without its 2^24-element limit, bit for bit where both run: one sort,
+    rank q·(n − 1) in the values' dtype (float64 above 2^24), ``lerp`` of its neighbours. ``values``: (n,) finite,
+    n ≥ 1; ``q``: a float in [0, 1] (0-d result) or a sequence of them ((len(q),)). Raises ValueError (shape)."""
     if values.ndim != 1 or values.numel() == 0:
         raise ValueError(f"quantile_linear needs a non-empty 1-d tensor, got shape {tuple(values.shape)}")
-    qs = [float(x) for x in q] if isinstance(q, list | tuple) else [float(q)]
-    if not all(0.0 <= x <= 1.0 for x in qs):
-        raise ValueError(f"quantile_linear: q must lie in [0, 1], got {q}")
-    n = values.numel()
-    dtype = values.dtype if n <= TORCH_QUANTILE_MAX_NUMEL else torch.float64
-    ranks = torch.tensor(qs, dtype=dtype, device=values.device) * (n - 1)
-    below = ranks.long()
-    ordered = torch.sort(values).values
-    out = torch.lerp(ordered[below], ordered[ranks.ceil().long()], (ranks - below).to(values.dtype))
+    n, qs = values.numel(), list(q) if isinstance(q, list | tuple) else [q]
+    ranks = torch.tensor(qs, dtype=values.dtype if n <= TORCH_QUANTILE_MAX_NUMEL else torch.float64) * (n - 1)
+    below, ordered = ranks.long().to(values.device), torch.sort(values).values
+    out = torch.lerp(ordered[below], ordered[ranks.ceil().long().to(values.device)],
+                     (ranks - ranks.floor()).to(values))
     return out if isinstance(q, list | tuple) else out[0]
 
 
@@ -131,8 +112,7 @@ def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h) -> dict[s
 
 
 def keep_from_silenced(candidates, nonfinite, response_mask, silenced, mine, index) -> torch.Tensor:
-    """K = valid ∧ ¬non-finite ∧ ¬silenced, (bs, T) bool: this rank's rows ``mine`` of the group's ``silenced``
-    ((|P|,) bool) put back at their flat positions ``index`` (:func:`gather_candidates`)."""
+    """K = valid ∧ ¬non-finite ∧ ¬silenced, (bs, T) bool; ``silenced``, ``mine``, ``index``: :func:`gather_candidates`'s."""
     spurious = torch.zeros(candidates.numel(), dtype=torch.bool, device=candidates.device)
     spurious[index] = silenced[mine].to(candidates.device)
     return response_mask.bool() & ~nonfinite & ~spurious.reshape(candidates.shape)

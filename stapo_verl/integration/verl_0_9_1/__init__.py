@@ -276,15 +276,37 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
-        action="relied on (not patched): builds the actor's loss as partial(ppo_loss, config=actor_config) from "
-        "the module-level name ppo_loss, and distillation's as partial(distillation_ppo_loss, ...)",
-        why="the ppo_loss rebinding above reaches the actor only through this call; training_worker.actor_config_of "
-        "reads the actor config from the partial's keywords, and train_batch refuses a token_mask when the loss "
-        "is not the plugin's ppo_loss",
-        upstream="PR A: init_model passes the actor config to ppo_loss, which applies the mask itself",
+        action="wrapped (training_worker.wrap_init_model): after verl's body, when the actor's policy_loss asks for "
+        "a token mask, the actor config is built from self.config.actor (omega_conf_to_dataclass, as verl builds "
+        "it) and the actor gets set_loss_fn(partial(ppo_loss, config=...), prepare_batch_fn=StapoPrepareBatch(...)); "
+        "relies on verl building the actor's loss as partial(ppo_loss, config=actor_config) from the module-level "
+        "name ppo_loss, and distillation's as partial(distillation_ppo_loss, ...)",
+        why="the worker receives its actor config as an argument (the series' pre-pass contract); a token_mask "
+        "with a loss that is not the plugin's ppo_loss (distillation) is refused here",
+        upstream="PR A: init_model passes partial(apply_policy_token_mask, actor_config) to set_loss_fn",
         remove_when=_REMOVE,
         signature="(self)",
         source_sha256="8bf2619c9dbfa87754b49584fbb66f75939bbd485998d217a970859a1c9597cb",
+    ),
+    Patch(
+        symbol="verl.workers.engine_workers.TrainingWorker.set_loss_fn",
+        action="replaced (training_worker.replace_set_loss_fn, keeping verl's @register attributes): set_loss_fn(loss_fn, "
+        "prepare_batch_fn=None) stores prepare_batch_fn beside the loss",
+        why="the pre-pass contract of the series: the worker runs prepare_batch_fn(data, *, engine, dp_group) on "
+        "each optimizer mini-batch (training_worker.wrap_train_batch, core.losses.run_prepare_batch)",
+        upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)",
+        remove_when=_REMOVE,
+        signature="(self, loss_fn)",
+    ),
+    Patch(
+        symbol="verl.workers.engine_workers.ActorRolloutRefWorker.set_loss_fn",
+        action="wrapped (training_worker.wrap_set_loss_fn_keeping_the_pre_pass): forwards the actor's "
+        "prepare_batch_fn with the new loss",
+        why="verl 0.9.1 calls self.actor.set_loss_fn(loss_fn=loss_fn), which would drop the pre-pass of a recipe "
+        "that replaces the loss through the worker",
+        upstream="PR A: ActorRolloutRefWorker.set_loss_fn passes prepare_batch_fn=self.actor.prepare_batch_fn",
+        remove_when=_REMOVE,
+        signature="(self, loss_fn)",
     ),
     Patch(
         symbol="verl.workers.engine_workers.TrainingWorker.__init__",

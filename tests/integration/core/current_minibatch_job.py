@@ -118,7 +118,10 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
             super().__setitem__(key, value)
 
     object.__setattr__(cfg, "global_batch_info", RecordingBatchInfo(cfg.global_batch_info))  # test-only spy
-    worker.set_loss_fn(functools.partial(engine_workers.ppo_loss, config=cfg))  # as init_model builds it
+    from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, current_forward_keys
+
+    worker.set_loss_fn(functools.partial(engine_workers.ppo_loss, config=cfg),  # as the init_model hook builds it
+                       prepare_batch_fn=StapoPrepareBatch(cfg, current_forward_keys(worker)))
     if dump_dir:
         worker._stapo_tokenizer = word_tokenizer()
 

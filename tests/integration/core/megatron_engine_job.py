@@ -133,7 +133,10 @@ def run_train_batch(engine, td, cfg):
     from stapo_verl.core import losses as core_losses
     from stapo_verl.integration.verl_0_9_1.training_worker import wrap_train_batch
 
-    worker = SimpleNamespace(engine=engine, loss_fn=functools.partial(core_losses.ppo_loss, config=cfg))
+    from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
+
+    worker = SimpleNamespace(engine=engine, loss_fn=functools.partial(core_losses.ppo_loss, config=cfg),
+                             prepare_batch_fn=StapoPrepareBatch(cfg, {}))
 
     def engine_train_batch(self, data):  # TrainingWorker.train_batch's core: engine.train_batch, metrics out
         result = self.engine.train_batch(data, loss_function=self.loss_fn)

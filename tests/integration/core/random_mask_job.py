@@ -17,14 +17,15 @@ from verl.utils import tensordict_utils as tu
 
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY
-from stapo_verl.integration.verl_0_9_1.training_worker import wrap_train_batch
+from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, wrap_train_batch
 
 
 def main(mode):
     cfg = actor_config("vanilla", "s2t_random", random_mask_seed=7)
     engine = SimpleNamespace(get_data_parallel_group=lambda: None, get_data_parallel_rank=lambda: 0,
                              is_mp_src_rank_with_outputs=lambda: True)
-    worker = SimpleNamespace(engine=engine, loss_fn=functools.partial(core_losses.ppo_loss, config=cfg))
+    worker = SimpleNamespace(engine=engine, loss_fn=functools.partial(core_losses.ppo_loss, config=cfg),
+                             prepare_batch_fn=StapoPrepareBatch(cfg, {}))
     masks = []
 
     def body(self, data):  # stands in for verl's train_batch body: record the mask the pre-pass wrote

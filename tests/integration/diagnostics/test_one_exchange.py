@@ -1,7 +1,7 @@
 """The worker's pre-pass over a data-parallel group of 2 gloo processes: per optimizer mini-batch the mask's
 candidates travel in two tensor ``all_gather`` calls and its kept count in one ``all_reduce`` (what the upstream
-series runs), the mask statistics in one ``all_gather_object`` of their own (the plugin's diagnostics, none when
-they are off), and the statistics equal :func:`stapo_verl.diagnostics.stats.mask_statistics` over the whole
+series runs), the mask statistics in two tensor ``all_gather`` calls of their own (the plugin's diagnostics, none
+when they are off; no ``all_gather_object``), and the statistics equal :func:`stapo_verl.diagnostics.stats.mask_statistics` over the whole
 mini-batch in one process.
 
 Each process runs the plugin's ``TrainingWorker.train_batch`` wrapper (``wrap_train_batch``) on its half of the same
@@ -28,7 +28,7 @@ import stapo_verl.plugin  # noqa: F401  (the config class checks that the plugin
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.diagnostics.stats import mask_statistics
-from stapo_verl.integration.verl_0_9_1.training_worker import wrap_train_batch
+from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, wrap_train_batch
 
 #: |V| the stand-in worker's model reports (the silenced-gradient share's upper bound needs it)
 VOCAB = 1000
@@ -47,6 +47,7 @@ def _worker_stub(cfg, rank: int):
     engine = SimpleNamespace(get_data_parallel_group=lambda: dist.group.WORLD, is_mp_src_rank_with_outputs=lambda: True,
                              get_data_parallel_rank=lambda: rank)
     return SimpleNamespace(loss_fn=functools.partial(core_losses.ppo_loss, config=cfg), engine=engine,
+                           prepare_batch_fn=StapoPrepareBatch(cfg, {}),
                            model_config=SimpleNamespace(hf_config=SimpleNamespace(vocab_size=VOCAB)))
 
 
@@ -112,8 +113,8 @@ def test_the_mask_gathers_tensors_and_the_statistics_exchange_once(reports):
         for (loss_mode, token_mask, statistics, step), during, metrics in reports[rank]:
             case = (loss_mode, token_mask, statistics, step, rank)
             # the mask: counts and candidate rows in two tensor all_gathers, the kept-token count in one all_reduce;
-            # the statistics (when on): one all_gather_object; nothing else before verl's body
-            assert during == {"all_gather": 2, "all_reduce": 1, **({"all_gather_object": 1} if statistics else {})}, case
+            # the statistics (when on): two tensor all_gather calls, no pickled exchange; nothing else before verl's body
+            assert during == {"all_gather": 2 + (2 if statistics else 0), "all_reduce": 1}, case
             assert ("actor/stapo/silenced_grad_share" in metrics) == statistics, case
             assert metrics["actor/stapo/num_candidates"] > 0 and metrics["actor/stapo/num_masked"] > 0, case
 

@@ -61,7 +61,10 @@ def main(out_path, model_dir, engine, tp, clip, dump_dir):
         object.__setattr__(worker.optimizer_config, "clip_grad", clip)
     worker.reset()
     cfg = actor_config("stapo", s2t_tau_p=0.0156, dump_tokens=True, dump_dir=dump_dir, table_max_rows=64)
-    worker.set_loss_fn(functools.partial(engine_workers.ppo_loss, config=cfg))
+    from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, current_forward_keys
+
+    worker.set_loss_fn(functools.partial(engine_workers.ppo_loss, config=cfg),  # as the init_model hook does
+                       prepare_batch_fn=StapoPrepareBatch(cfg, current_forward_keys(worker)))
     worker._stapo_tokenizer = word_tokenizer()
     dp = worker.engine.get_data_parallel_size()
     dp_rank = worker.engine.get_data_parallel_rank()

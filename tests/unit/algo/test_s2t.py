@@ -146,3 +146,51 @@ def test_top_entropy_keep_mask_official_rule():
 def test_shape_mismatch_is_clear():
     with pytest.raises(ValueError, match="shape"):
         s2t_keep_mask(torch.zeros(2, 3), torch.zeros(2, 4), torch.zeros(2, 3), torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_quantile_linear_is_torch_quantile_where_both_run_and_has_no_size_limit():
+    from stapo_verl.algo.s2t import TORCH_QUANTILE_MAX_NUMEL, quantile_linear
+
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 2, 5, 1001, 4096):
+        for dtype in (torch.float32, torch.float64):
+            v = torch.randn(n, generator=g, dtype=dtype)
+            qs = [0.0, 0.25, 0.5, 0.75, 0.95, 1.0, 1 / 3]
+            assert torch.equal(quantile_linear(v, qs), torch.quantile(v, torch.tensor(qs, dtype=dtype)))
+            assert torch.equal(quantile_linear(v, 0.75), torch.quantile(v, 0.75))
+    n = TORCH_QUANTILE_MAX_NUMEL + 3
+    v = torch.randperm(n, generator=g).double()  # 0 .. n-1, shuffled: Quantile_q = q (n - 1) exactly
+    with pytest.raises(RuntimeError):
+        torch.quantile(v, 0.75)
+    assert quantile_linear(v, [0.75, 0.5, 1.0]).tolist() == [0.75 * (n - 1), 0.5 * (n - 1), n - 1]
+    with pytest.raises(ValueError, match="non-empty 1-d"):
+        quantile_linear(v[:0], 0.5)
+
+
+def test_the_s2t_pre_pass_host_syncs_on_the_old_policy_route(monkeypatch):
+    """The host reads of one S2T pre-pass from the mask's code (Tensor.item/.cpu/.tolist/.numpy and int()/float()/
+    bool()/index of a tensor, called from stapo_verl): the group's counts (the sizes of the candidates' exchange),
+    the metrics, and the kept count (verl's engines read batch_num_tokens the same way). verl's
+    ``response_to_nested`` also indexes the response lengths row by row, on the CPU where the mini-batch arrives."""
+    import sys
+
+    from stapo_verl.core.losses import apply_policy_token_mask
+    from support.verl_batches import actor_config, random_minibatch
+
+    b = random_minibatch(bs=8, seed=2)
+    cfg = actor_config("stapo", s2t_tau_p=0.5)
+    calls = []
+    for name in ("item", "cpu", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            caller = sys._getframe(1).f_code
+            if "stapo_verl" in caller.co_filename:
+                calls.append((_name, caller.co_name))
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    metrics = apply_policy_token_mask(cfg, b["td"])
+    monkeypatch.undo()
+    assert metrics["actor/stapo/num_masked"] > 0  # the mask did silence tokens
+    assert calls == [("tolist", "gather_candidates"), ("tolist", "s2t_metrics"), ("item", "apply_policy_token_mask")]

@@ -91,6 +91,8 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
     # engines' train_batch that calls optimizer_step)
     assert {p.symbol for p in integ.PATCHES} == {
         "verl.workers.engine_workers.TrainingWorker.train_batch",
+        "verl.workers.engine_workers.TrainingWorker.set_loss_fn",
+        "verl.workers.engine_workers.ActorRolloutRefWorker.set_loss_fn",
         "verl.workers.engine_workers.ppo_loss",
         "verl.workers.utils.losses.ppo_loss",
         "verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor",
@@ -119,7 +121,7 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
         "verl.trainer.main_ppo.TaskRunnerV1.run",
     }
     # verl's own modules are otherwise untouched: the other TrainingWorker methods are verl's
-    for name in ("train_mini_batch", "infer_batch", "set_loss_fn"):
+    for name in ("train_mini_batch", "infer_batch"):
         assert not getattr(getattr(engine_workers.TrainingWorker, name), mark, False)
     for p in integ.PATCHES:
         assert p.why and p.upstream and p.remove_when and p.action

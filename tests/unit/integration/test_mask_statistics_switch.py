@@ -16,7 +16,7 @@ import stapo_verl.plugin  # noqa: F401  (the config class checks that the plugin
 from stapo_verl.core import losses as core_losses
 from stapo_verl.diagnostics import stats
 from stapo_verl.integration.verl_0_9_1 import training_worker
-from stapo_verl.integration.verl_0_9_1.training_worker import wrap_train_batch
+from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, wrap_train_batch
 
 #: every entry point of the statistics' work: the low-probability pass, the per-rank partials, the exchange and
 #: combination, and the worker's padding and call for them
@@ -45,6 +45,7 @@ def _train_batch(monkeypatch, loss_mode="stapo", **policy_loss) -> tuple[dict, l
     engine = SimpleNamespace(get_data_parallel_group=lambda: None, is_mp_src_rank_with_outputs=lambda: True,
                              get_data_parallel_rank=lambda: 0)
     worker = SimpleNamespace(loss_fn=functools.partial(core_losses.ppo_loss, config=cfg), engine=engine,
+                             prepare_batch_fn=StapoPrepareBatch(cfg, {}),
                              model_config=SimpleNamespace(hf_config=SimpleNamespace(vocab_size=1000)))
     td = random_minibatch(bs=6, T=9, seed=4)["td"]
     tu.assign_non_tensor(td, global_steps=3, update_lr_scheduler=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from types import MappingProxyType
 import sys
 import types
 import typing
@@ -55,13 +56,13 @@ logger = logging.getLogger(__name__)
 
 #: the ranged keys each registered mask reads (:mod:`stapo_verl.core.masks`; ``random_mask_seed`` is any int), checked
 #: only when that mask is selected
-MASK_KEYS = {
+MASK_KEYS = MappingProxyType({
     "s2t": ("s2t_tau_p", "s2t_entropy_quantile"),
     "s2t_high_entropy": ("s2t_tau_p", "s2t_entropy_quantile"),
     "s2t_random": ("s2t_tau_p", "s2t_entropy_quantile"),
     "s2t_full": ("s2t_tau_p",),
     "top_entropy": ("top_entropy_ratio",),
-}
+})
 #: every ranged token-mask key
 TOKEN_MASK_KEYS = ("s2t_tau_p", "s2t_entropy_quantile", "top_entropy_ratio")
 #: where the statistics the mask reads come from

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from verl.trainer.ppo.s2t_mask import candidate_mask, gather_candidates, s2t_keep_mask
+from verl.trainer.ppo.s2t_mask import candidate_mask, gather_candidates, quantile_linear, s2t_keep_mask
 
 TAU_P = 0.1
 LOG_SMALL = math.log(0.05)  # p = 0.05 < τ_p
@@ -79,6 +79,17 @@ def test_tau_h_interpolates_linearly_as_torch_quantile():
     assert metrics["actor/stapo/tau_h"] == pytest.approx(0.325) and keep.tolist() == [[True, False, False, False]]
 
 
+def test_tau_h_has_no_size_limit_and_equals_torch_quantile_where_both_run():
+    generator = torch.Generator().manual_seed(0)
+    values = torch.rand(1001, generator=generator)
+    assert torch.equal(quantile_linear(values, 0.75), torch.quantile(values, 0.75))
+    n = 2**24 + 3  # torch.quantile refuses more than 2^24 elements
+    values = torch.randperm(n, generator=generator).double()  # 0 .. n - 1: Quantile_q = q (n - 1)
+    with pytest.raises(RuntimeError):
+        torch.quantile(values, 0.75)
+    assert quantile_linear(values, 0.75).item() == 0.75 * (n - 1)
+
+
 def test_ties_at_the_threshold_are_kept():
     log_prob = torch.full((1, 4), LOG_SMALL)
     entropy = torch.tensor([[0.1, 0.3, 0.3, 0.3]])
@@ -104,10 +115,10 @@ def _dp_worker(rank: int, world: int, init_file: str, queue) -> None:
         population = [t[rows] for t in _population()]
         keep, metrics = s2t_keep_mask(*population, tau_p=TAU_P, q=0.75, group=dist.group.WORLD)
         candidates, nonfinite = candidate_mask(*population, TAU_P)
-        gathered, offset, *_ = gather_candidates(
+        gathered, mine, *_ = gather_candidates(
             population[0], population[1], population[3], candidates, nonfinite, dist.group.WORLD
         )
-        queue.put((rank, keep.tolist(), metrics, gathered[:, 0].tolist(), offset))
+        queue.put((rank, keep.tolist(), metrics, gathered[:, 0].tolist(), mine.start))
     finally:
         dist.destroy_process_group()
 
