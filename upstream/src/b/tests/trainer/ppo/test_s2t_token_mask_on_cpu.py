@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 import verl
+from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import get_policy_loss_fn, get_policy_token_mask
 from verl.utils import tensordict_utils as tu
 from verl.workers.config import ActorConfig, PolicyLossConfig
@@ -156,12 +157,15 @@ def test_a_batch_without_entropy_is_refused_naming_the_field():
         apply_policy_token_mask(_actor_config(), td)
 
 
-def test_s2t_keys_default_to_the_paper_and_are_validated_only_when_a_mask_is_selected():
+def test_s2t_keys_default_to_the_paper_and_are_validated_only_when_s2t_is_selected(monkeypatch):
     config = PolicyLossConfig()
     assert (config.s2t_tau_p, config.s2t_entropy_quantile) == (0.002, 0.75)
     assert PolicyLossConfig(s2t_tau_p=0.0, s2t_entropy_quantile=2.0).s2t_tau_p == 0.0  # no mask: not checked
+    monkeypatch.setattr(core_algos, "POLICY_TOKEN_MASK_REGISTRY", dict(core_algos.POLICY_TOKEN_MASK_REGISTRY))
+    core_algos.register_policy_token_mask("another", required_fields=("response_mask",))(lambda *args: None)
+    assert PolicyLossConfig(token_mask="another", s2t_tau_p=0.0).s2t_tau_p == 0.0  # another mask: not checked
     assert PolicyLossConfig(token_mask="s2t", s2t_tau_p=0.5, s2t_entropy_quantile=1.0).s2t_entropy_quantile == 1.0
-    allowed = r"token_mask needs policy_loss\.s2t_tau_p in \(0, 1\) and s2t_entropy_quantile in \(0, 1\], got "
+    allowed = r"token_mask=s2t needs policy_loss\.s2t_tau_p in \(0, 1\) and s2t_entropy_quantile in \(0, 1\], got "
     for tau_p, quantile in ((0.0, 0.75), (1.0, 0.75), (-0.1, 0.75), (0.002, 0.0), (0.002, 1.5)):
         with pytest.raises(ValueError, match=rf"^{allowed}{tau_p} and {quantile}$"):
             PolicyLossConfig(token_mask="s2t", s2t_tau_p=tau_p, s2t_entropy_quantile=quantile)
