@@ -112,7 +112,7 @@ def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h) -> dict[s
 
 
 def keep_from_silenced(candidates, nonfinite, response_mask, silenced, mine, index) -> torch.Tensor:
-    """K = valid ∧ ¬non-finite ∧ ¬silenced, (bs, T) bool; ``silenced``, ``mine``, ``index``: :func:`gather_candidates`'s."""
+    """K = valid ∧ ¬non-finite ∧ ¬silenced, (bs, T) bool (``mine``, ``index``: :func:`gather_candidates`'s)."""
     spurious = torch.zeros(candidates.numel(), dtype=torch.bool, device=candidates.device)
     spurious[index] = silenced[mine].to(candidates.device)
     return response_mask.bool() & ~nonfinite & ~spurious.reshape(candidates.shape)

@@ -27,7 +27,8 @@ tests, the candidates' thirds, two fixed-bin ``histc`` per sign, the candidate e
 In training the plugin's worker wrapper computes them after the mask, from the mask's keep, with
 :func:`mask_statistics` (two tensor ``all_gather`` calls over the DP group on its device: each rank's histograms,
 counts and bound sums in one fixed-size vector, then its candidates' entropies); the mask itself, which the upstream
-series copies into verl, knows nothing of them. ``benchmarks/bench_diagnostics.py`` measures mask and statistics at the production shape.
+series copies into verl, knows nothing of them. ``benchmarks/bench_diagnostics.py`` measures mask and statistics at
+the production shape.
 
 Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is ``torch.quantile``'s linear interpolation
 (:func:`stapo_verl.algo.s2t.quantile_linear`, without its 2^24-element limit), as τ_h in

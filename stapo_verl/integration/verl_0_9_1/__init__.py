@@ -290,8 +290,8 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.workers.engine_workers.TrainingWorker.set_loss_fn",
-        action="replaced (training_worker.replace_set_loss_fn, keeping verl's @register attributes): set_loss_fn(loss_fn, "
-        "prepare_batch_fn=None) stores prepare_batch_fn beside the loss",
+        action="replaced (training_worker.replace_set_loss_fn, keeping verl's @register attributes): "
+        "set_loss_fn(loss_fn, prepare_batch_fn=None) stores prepare_batch_fn beside the loss",
         why="the pre-pass contract of the series: the worker runs prepare_batch_fn(data, *, engine, dp_group) on "
         "each optimizer mini-batch (training_worker.wrap_train_batch, core.losses.run_prepare_batch)",
         upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)",

@@ -150,8 +150,8 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
     calls, losses_seen, pg_bnt, engine_bnt = [], [], [], []
     orig_apply = training_worker.apply_policy_token_mask
 
-    def spy_apply(config, data, dp_group=None):
-        metrics = orig_apply(config, data, dp_group)
+    def spy_apply(config, data, dp_group=None, engine=None):
+        metrics = orig_apply(config, data, dp_group, engine)
         calls.append({"lp": data["old_log_probs"].to_padded_tensor(0.0).clone(),
                       "keep": data[POLICY_LOSS_MASK_KEY].to_padded_tensor(0).bool().clone(),
                       "valid": data["response_mask"].to_padded_tensor(0).bool().clone(),

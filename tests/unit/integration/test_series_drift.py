@@ -140,40 +140,39 @@ def test_the_series_worker_wiring_does_what_the_plugins_wrapper_does(series):
     assert series_run["returned"]["actor/policy_batch_num_tokens"] == 5.0
 
 
-def _pre_pass_seen(record):
-    """A pre-pass that records the engine and DP group it was given, and the RNG it ran under (it draws)."""
+class RecordingPrepareBatch(StapoPrepareBatch):
+    """The plugin's pre-pass, recording the engine and DP group it was given and a draw from the RNG it ran under."""
 
-    def prepare_batch_fn(data, *, engine, dp_group):
-        record.append((engine, dp_group, torch.rand(()).item()))
-        return {}
+    def __init__(self, config, seen: list):
+        super().__init__(config, {})
+        self.seen = seen
 
-    return prepare_batch_fn
+    def __call__(self, data, *, engine, dp_group=None):
+        self.seen.append((engine, dp_group, torch.rand(()).item()))
+        return super().__call__(data, engine=engine, dp_group=dp_group)
 
 
-def test_the_pre_pass_gets_the_engine_and_leaves_the_rng_alone_in_the_series_and_the_plugin(series):
+@pytest.mark.parametrize("through", ["series", "plugin"])
+def test_the_pre_pass_gets_the_engine_and_leaves_the_rng_alone(series, through):
     import verl.workers.engine_workers as engine_workers
 
     config = actor_config("vanilla", "s2t")
-    for train_batch in (series.engine_workers.TrainingWorker.train_batch, engine_workers.TrainingWorker.train_batch):
-        seen = []
-        worker = _worker(config, {})
-        worker.prepare_batch_fn = (_pre_pass_seen(seen) if train_batch is series.engine_workers.TrainingWorker.train_batch
-                                   else StapoPrepareBatch(config, {}))
-        if isinstance(worker.prepare_batch_fn, StapoPrepareBatch):  # the plugin's: record through the mask itself
-            worker.prepare_batch_fn.__class__ = type("Recording", (StapoPrepareBatch,), {
-                "__call__": lambda self, data, *, engine, dp_group: _pre_pass_seen(seen)(
-                    data, engine=engine, dp_group=dp_group) or core_losses.apply_policy_token_mask(
-                    self.config, data, dp_group, engine)})
-        torch.manual_seed(5)
-        expected_next = torch.rand(()).item()
-        torch.manual_seed(5)
-        td = _mini_batch()
-        td["old_log_probs"] = td["entropy"].clone()
-        td["advantages"] = td["entropy"].clone()
-        train_batch(worker, td)
-        assert [(e, g) for e, g, _ in seen] == [(worker.engine, None)]  # the engine and its DP group
-        assert torch.rand(()).item() == expected_next  # the draw inside the pre-pass left the RNG as it was
-        assert seen[0][2] == expected_next  # ... and it drew from the same state (a fork, not a reseed)
+    module = series.engine_workers if through == "series" else engine_workers
+    seen, record = [], {}
+    worker = _worker(config, record)
+    worker.prepare_batch_fn = RecordingPrepareBatch(config, seen)  # the same pre-pass through both paths
+    if through == "series":  # the series' pre-pass is verl's generic hook: hand it the mask as a partial
+        worker.prepare_batch_fn = functools.partial(RecordingPrepareBatch.__call__, worker.prepare_batch_fn)
+    torch.manual_seed(5)
+    expected_next = torch.rand(()).item()
+    torch.manual_seed(5)
+    td = _mini_batch()
+    td["old_log_probs"], td["advantages"] = td["entropy"].clone(), td["entropy"].clone()
+    module.TrainingWorker.train_batch(worker, td)
+    assert [(engine, group) for engine, group, _ in seen] == [(worker.engine, None)]  # the engine, its DP group
+    assert seen[0][2] == expected_next  # the pre-pass drew from the update's RNG state (a fork, not a reseed) ...
+    assert torch.rand(()).item() == expected_next  # ... and left it as it found it
+    assert record["engine"]["policy_batch_num_tokens"] == tu.get(td, "policy_batch_num_tokens")  # before the count
 
 
 @pytest.mark.parametrize("through", ["series", "plugin"])
