@@ -75,7 +75,8 @@ def _child(rank: int, world: int, port: int, ref: str, repeats: int, queue) -> N
         cand, nonfinite = after.candidate_mask(lp, ent, adv, rm, TAU_P)
         group = dist.group.WORLD
         rows_b, *counts_b = before.gather_candidates(lp, ent, rm, cand, nonfinite, group)[:4]
-        rows_a, *counts_a = after.gather_candidates(lp, ent, rm, cand, nonfinite, group)
+        rows_a, mine_a, _, *counts_a = after.gather_candidates(lp, ent, rm, cand, nonfinite, group)
+        counts_a = [mine_a.start, *counts_a]  # as the earlier return: (offset, n_valid, n_nonfinite)
         keep_b, metrics_b = before.s2t_keep_mask(lp, ent, adv, rm, tau_p=TAU_P, q=Q, group=group)
         keep_a, metrics_a = after.s2t_keep_mask(lp, ent, adv, rm, tau_p=TAU_P, q=Q, group=group)
         same = (torch.equal(rows_b.float(), rows_a) and counts_b == counts_a and torch.equal(keep_a, keep_b)
