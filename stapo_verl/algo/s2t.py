@@ -33,8 +33,7 @@ def quantile_linear(values: torch.Tensor, q) -> torch.Tensor:
     n, qs = values.numel(), list(q) if isinstance(q, list | tuple) else [q]
     ranks = torch.tensor(qs, dtype=values.dtype if n <= TORCH_QUANTILE_MAX_NUMEL else torch.float64) * (n - 1)
     below, ordered = ranks.long().to(values.device), torch.sort(values).values
-    out = torch.lerp(ordered[below], ordered[ranks.ceil().long().to(values.device)],
-                     (ranks - ranks.floor()).to(values))
+    out = torch.lerp(ordered[below], ordered[ranks.ceil().long().to(values.device)], (ranks - ranks.floor()).to(values))
     return out if isinstance(q, list | tuple) else out[0]
 
 
@@ -87,13 +86,9 @@ def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h) -> dict[s
     (nats), masked_p_mean and masked_entropy_mean (over the silenced tokens). ``rows``: :func:`gather_candidates`'s;
     ``silenced``: (|P|,) bool; ``tau_h``: 0-d tensor, float or None. One device-to-host copy."""
     silent = silenced.to(rows.device)
-    device_values = torch.stack([
-        silent.sum().double(),
-        torch.where(silent, rows[:, 1].double().exp(), 0.0).sum(),
-        torch.where(silent, rows[:, 0].double(), 0.0).sum(),
-        torch.as_tensor(math.nan if tau_h is None else tau_h, dtype=torch.float64, device=rows.device).reshape(()),
-    ])
-    n_masked, p_sum, h_sum, tau = device_values.tolist()
+    tau = torch.as_tensor(math.nan if tau_h is None else tau_h, dtype=torch.float64, device=rows.device).reshape(())
+    p_exp, h = torch.where(silent, rows[:, 1].double().exp(), 0.0), torch.where(silent, rows[:, 0].double(), 0.0)
+    n_masked, p_sum, h_sum, tau = torch.stack([silent.sum().double(), p_exp.sum(), h.sum(), tau]).tolist()
     n_masked, prefix = int(n_masked), "actor/stapo/"
     metrics = {
         prefix + "masked_frac": n_masked / max(n_valid, 1),

@@ -30,7 +30,7 @@ from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.core_algos import register_policy_token_mask
 from verl.utils import tensordict_utils as tu
 from verl.workers.config import PolicyLossConfig
-from verl.workers.engine_workers import TrainingWorker
+from verl.workers.engine_workers import ActorRolloutRefWorker, TrainingWorker
 from verl.workers.utils.losses import apply_policy_token_mask
 
 
@@ -118,3 +118,29 @@ def test_train_batch_without_a_pre_pass_is_unchanged():
     assert seen[0]["policy_loss_mask"] is None and seen[0]["policy_batch_num_tokens"] is None
     assert worker._postprocess_output.call_args.args[0]["metrics"] == {"actor/pg_loss": [0.5]}
     assert tu.get(output, "metrics") == {"actor/pg_loss": [0.5]}
+
+
+def test_a_loss_replaced_through_actor_rollout_ref_worker_keeps_the_pre_pass():
+    actor = SimpleNamespace()
+    actor.set_loss_fn = partial(TrainingWorker.set_loss_fn, actor)
+    actor.set_loss_fn("loss", prepare_batch_fn="pre_pass")
+    ActorRolloutRefWorker.set_loss_fn(SimpleNamespace(actor=actor), "a recipe's loss")
+    assert (actor.loss_fn, actor.prepare_batch_fn) == ("a recipe's loss", "pre_pass")
+
+
+def test_the_pre_pass_gets_the_engine_in_train_mode_and_leaves_the_rng_alone():
+    seen, calls = [], []
+    worker = _worker(seen)
+    worker.engine.train_mode = lambda **kwargs: calls.append("train_mode") or nullcontext()
+
+    def pre_pass(data, *, engine, dp_group):
+        calls.append((engine, dp_group, torch.rand(()).item()))  # e.g. a no-grad forward with dropout
+        return {}
+
+    worker.prepare_batch_fn = pre_pass
+    torch.manual_seed(0)
+    expected = torch.rand(()).item()
+    torch.manual_seed(0)
+    TrainingWorker.train_batch(worker, _mini_batch())
+    assert calls == ["train_mode", (worker.engine, "dp", expected)]  # in train mode, with the engine and DP group
+    assert torch.rand(()).item() == expected  # the update draws what it would have drawn without the pre-pass
