@@ -76,6 +76,7 @@ def test_tiny_grpo_with_cispo_and_s2t_two_steps_with_reference_model(tmp_path):
         "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._materialize_batch",
         "verl.experimental.agent_loop.agent_loop.AgentLoopWorker._run_agent_loop",
         "verl.workers.engine_workers.TrainingWorker.train_batch", "verl.workers.engine_workers.ppo_loss",
+        "verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
     }, record
     assert record["verl.workers.engine_workers.ppo_loss"].isdisjoint(record["verl.utils.config.validate_config"])
     cfg = run_config(run_dir).actor_rollout_ref.actor

@@ -127,6 +127,28 @@ def test_pass_through_train_batch_and_the_engines_optimizer_step(plain_config, a
     assert os.listdir(audit) == []
 
 
+def test_pass_through_set_loss_fn_and_init_model(plain_config, audit):
+    """Without a pre-pass, TrainingWorker.set_loss_fn and ActorRolloutRefWorker.set_loss_fn are verl's; init_model
+    returns verl's result and hands the actor nothing."""
+    actor = SimpleNamespace()
+    spy = Spy()
+    loss = object()
+    assert training_worker.replace_set_loss_fn(spy)(actor, loss) is spy.result
+    _same(spy.calls[0], (actor, loss), {})
+    assert vars(actor) == {}
+    worker = SimpleNamespace(actor=actor)
+    spy = Spy()
+    assert training_worker.wrap_set_loss_fn_keeping_the_pre_pass(spy)(worker, loss) is spy.result
+    _same(spy.calls[0], (worker, loss), {})
+    actor.set_loss_fn = Spy()
+    worker = SimpleNamespace(actor=actor, config=plain_config.actor_rollout_ref, loss_fn=loss)
+    spy = Spy()
+    assert training_worker.wrap_init_model(spy)(worker) is spy.result
+    _same(spy.calls[0], (worker,), {})
+    assert actor.set_loss_fn.calls == [] and worker.loss_fn is loss
+    assert os.listdir(audit) == []
+
+
 def _trainer(config, tmp_path):
     config = _merged(config, {"trainer": {"default_local_dir": str(tmp_path / "ckpt")}})
     group = SimpleNamespace()
