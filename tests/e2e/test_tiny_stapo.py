@@ -218,8 +218,13 @@ def test_sigterm_between_checkpoints_is_a_stop_and_the_same_command_resumes(tmp_
     finally:
         kill_tree(proc.pid)
     out = (tmp_path / "c1.log").read_text(errors="replace")
-    assert f"[stapo recipe] stopped by SIGTERM; the last complete checkpoint is {c_dir}/ckpt/global_step_2 (step 2); " \
-           "the same command resumes from it: bash recipes/tiny_cpu_stapo.sh" in out.splitlines(), out[-3000:]
+    # the hint is the command that resumes: the run directory, the recipe and its overrides (run literally by
+    # tests/integration/launch/test_stop_signals.py)
+    hint = (f"[stapo recipe] stopped by SIGTERM; the last complete checkpoint is {c_dir}/ckpt/global_step_2 (step 2); "
+            f"the same command resumes from it: STAPO_RUN_DIR={c_dir} ")
+    lines = [line for line in out.splitlines() if line.startswith(hint)]
+    assert len(lines) == 1 and " bash recipes/tiny_cpu_stapo.sh " in lines[0], out[-3000:]
+    assert all(arg in lines[0] for arg in COMMAND), lines[0]
     assert "Traceback" not in out and "main_ppo failed" not in out, out[-3000:]
     assert not any(note in out for note in ("Aborted", "Terminated", "Killed")), out[-3000:]  # the shell's job notes
 
