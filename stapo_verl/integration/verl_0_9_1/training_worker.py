@@ -42,6 +42,7 @@ from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, Diagnostic
 from stapo_verl.diagnostics.stats import MaskStatistics, is_vocab_size, mask_statistics
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
 from stapo_verl.integration.verl_0_9_1.job import record_acted
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import wants_plugin_config
 
 #: worker output metric of the LM-head gradient norm (verl's driver keeps keys that already start with "actor/")
 LM_HEAD_GRAD_NORM_KEY = "actor/stapo/lm_head_grad_norm"
@@ -299,6 +300,24 @@ def _payload(config, cursor, step, table_due, dp_group, dp_rank) -> DiagnosticsP
     return DiagnosticsPayload(step=step, histograms=histograms, rows=table, rows_selected=selected, dump=dump)
 
 
+def require_masked_loss(loss_fn, token_mask: str) -> None:
+    """Raise unless ``loss_fn`` (a ``functools.partial``, as ``ActorRolloutRefWorker.init_model`` builds it) is the
+    masked ``ppo_loss`` (the plugin's, or :func:`wrap_ppo_loss`'s dispatcher).
+
+    Raises:
+        TokenMaskIntegrationError: another loss (distillation's, or a verl whose ``init_model`` no longer builds the
+            loss from ``verl.workers.engine_workers.ppo_loss``): the mask ``token_mask`` would not be applied.
+    """
+    loss = getattr(loss_fn, "func", None)
+    if loss is not core_losses.ppo_loss and not getattr(loss, _MARK, False):
+        raise TokenMaskIntegrationError(
+            f"actor.policy_loss.token_mask={token_mask!r} is set, but the actor's loss function is "
+            f"{getattr(loss_fn, 'func', loss_fn)!r}, not stapo_verl.core.losses.ppo_loss (distillation, or a verl "
+            "whose ActorRolloutRefWorker.init_model no longer builds the loss from "
+            "verl.workers.engine_workers.ppo_loss); the mask would not be applied"
+        )
+
+
 def wrap_train_batch(orig):
     """The ``TrainingWorker.train_batch`` replacement (see the module docstring)."""
 
@@ -309,14 +328,7 @@ def wrap_train_batch(orig):
             return orig(self, data)
         config = prepare.config
         record_acted(_PREFIX + "TrainingWorker.train_batch")
-        loss = getattr(self.loss_fn, "func", None)
-        if loss is not core_losses.ppo_loss and not getattr(loss, _MARK, False):
-            raise TokenMaskIntegrationError(
-                f"actor.policy_loss.token_mask={config.policy_loss.token_mask!r} is set, but this worker's loss "
-                f"function is {getattr(self.loss_fn, 'func', self.loss_fn)!r}, not stapo_verl.core.losses.ppo_loss "
-                "(distillation, or a verl whose ActorRolloutRefWorker.init_model no longer builds the loss from "
-                "verl.workers.engine_workers.ppo_loss); the mask would not be applied"
-            )
+        require_masked_loss(self.loss_fn, config.policy_loss.token_mask)
         from verl.utils import tensordict_utils as tu
 
         cursor = self.__dict__.setdefault("_stapo_cursor", MiniBatchCursor())
@@ -443,11 +455,8 @@ def wrap_init_model(orig):
     def init_model(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
         actor = self.__dict__.get("actor")
-        asked = actor is not None and self.config.actor.get("policy_loss", None) is not None
-        if asked:
-            pl = self.config.actor.policy_loss
-            asked = pl.get("token_mask", None) is not None or pl.get("loss_mode", None) == "stapo"
-        if not asked:
+        policy_loss = self.config.actor.get("policy_loss", None)
+        if actor is None or policy_loss is None or not wants_plugin_config(policy_loss):
             return out
         from verl.utils.config import omega_conf_to_dataclass
 
@@ -455,13 +464,7 @@ def wrap_init_model(orig):
         config.model_config = actor.model_config
         if config.policy_loss.get("token_mask", None) is None:
             return out
-        loss = getattr(self.loss_fn, "func", None)
-        if loss is not core_losses.ppo_loss and not getattr(loss, _MARK, False):
-            raise TokenMaskIntegrationError(
-                f"actor.policy_loss.token_mask={config.policy_loss.token_mask!r} is set, but the actor's loss is "
-                f"{getattr(self.loss_fn, 'func', self.loss_fn)!r}, not stapo_verl.core.losses.ppo_loss "
-                "(distillation); the mask would not be applied"
-            )
+        require_masked_loss(self.loss_fn, config.policy_loss.token_mask)
         record_acted(_PREFIX + "ActorRolloutRefWorker.init_model")
         actor.set_loss_fn(self.loss_fn, prepare_batch_fn=StapoPrepareBatch(config, current_forward_keys(actor)))
         return out

@@ -244,3 +244,16 @@ def test_a_switch_that_is_not_a_boolean_is_one_clear_error(plain_config):
     config = _merged(plain_config, {"trainer": {"reproducible": "yes"}})
     with pytest.raises(StapoConfigError, match=r"trainer.reproducible='yes': allowed true or false.*Fix: "):
         driver_config.wrap_validate_config(Spy())(config, True, False)
+
+
+def test_a_token_mask_with_another_loss_is_refused_naming_it():
+    """The check train_batch and init_model share: the masked ppo_loss (the plugin's, or the dispatcher) passes; any
+    other loss (distillation's) is refused, since the mask would silently not apply."""
+    from verl.workers.utils.losses import ppo_loss
+
+    from stapo_verl.core import losses as core_losses
+
+    training_worker.require_masked_loss(functools.partial(core_losses.ppo_loss, config=None), "s2t")
+    training_worker.require_masked_loss(functools.partial(training_worker.wrap_ppo_loss(ppo_loss), config=None), "s2t")
+    with pytest.raises(training_worker.TokenMaskIntegrationError, match=r"token_mask='s2t'.*would not be applied"):
+        training_worker.require_masked_loss(functools.partial(ppo_loss, config=None), "s2t")
