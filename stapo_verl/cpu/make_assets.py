@@ -36,6 +36,8 @@ answer; the recipes stop at both (``stapo_verl.stop_tokens``).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -270,9 +272,32 @@ def warm_start(model, tok, train: list[dict], val: list[dict], steps: int = SFT[
 
 
 # ----------------------------------------------------------------------------- main
+@contextlib.contextmanager
+def build_lock(out: Path):
+    """Hold an exclusive ``flock`` on ``<out's parent>/.<out's name>.lock`` while the assets at ``out`` are read or
+    built: two jobs started at once on one machine (two recipes, two test workers) on an empty cache would otherwise
+    both build into one directory, and the later one would read a half-written model. The lock goes with its file
+    descriptor, so a killed builder never leaves it held.
+
+    Raises:
+        OSError: the parent directory cannot be created or the lock file cannot be opened.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VAL, log=print,
           head_dim: int = DEFAULT_HEAD_DIM) -> dict:
     """Build every asset under ``out`` unless the manifest already matches (then return it instantly).
+
+    One builder at a time per directory (:func:`build_lock`): a second caller waits, then returns the first one's
+    manifest.
 
     Args:
         out: asset directory (created; with ``force`` it is deleted first).
@@ -288,6 +313,12 @@ def build(out: Path, force: bool = False, n_train: int = 4000, n_val: int = N_VA
     Raises:
         ValueError: ``out`` holds assets of another ``head_dim`` (use another ``--out``, or ``--force``).
     """
+    with build_lock(out):
+        return _build(Path(out), force, n_train, n_val, log, head_dim)
+
+
+def _build(out: Path, force: bool, n_train: int, n_val: int, log, head_dim: int) -> dict:
+    """:func:`build` under its lock."""
     manifest_path = out / "assets.json"
     if manifest_path.exists() and not force:
         m = json.loads(manifest_path.read_text())

@@ -78,3 +78,27 @@ def test_the_cached_set_of_another_head_dim_is_refused_by_name(tmp_path):
         M.build(tmp_path, head_dim=M.VLLM_HEAD_DIM)
     _cached(tmp_path, head_dim=M.VLLM_HEAD_DIM)
     assert M.build(tmp_path, head_dim=M.VLLM_HEAD_DIM)["head_dim"] == 32
+
+
+
+def test_a_second_builder_waits_for_the_first_and_returns_its_manifest(tmp_path, monkeypatch):
+    """Two jobs on an empty cache: the second waits on the directory's lock (held here by "the first"), then reads
+    the manifest the first wrote instead of building into the same directory."""
+    import fcntl
+    import threading
+
+    out, got, calls = tmp_path / "tiny", {}, []
+    real = M._build
+    monkeypatch.setattr(M, "_build", lambda *a: calls.append(a[0]) or real(*a))
+    with open(tmp_path / ".tiny.lock", "a") as held:  # the lock build_lock takes, held by another open file
+        fcntl.flock(held, fcntl.LOCK_EX)
+        second = threading.Thread(target=lambda: got.setdefault("m", M.build(out)), daemon=True)
+        second.start()
+        second.join(1.0)
+        assert second.is_alive() and calls == []  # waiting on the lock, not reading or building
+        out.mkdir()
+        _cached(out, marker=7)  # what the first builder leaves
+        fcntl.flock(held, fcntl.LOCK_UN)
+    second.join(30)
+    assert not second.is_alive() and calls == [out] and got["m"]["marker"] == 7
+    assert not (out / "model").exists()  # the first one's manifest, nothing built again
