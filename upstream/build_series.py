@@ -4,7 +4,9 @@ A pull request is ``upstream/src/<key>.diff`` (line 1 its name, line 2 the commi
 then a diff that ``git apply --recount`` applies to verl 0.9.1's sdist + ``upstream/verl_overlay/tree/``) plus the new
 files in ``upstream/src/<key>/``. A diff line ``#@shared <plugin module> [<name> ...]`` becomes those top-level
 definitions of the plugin (without names: the whole module), copied through :mod:`ast` source segments, replacing
-the target's definitions of the same names. The generated trainer YAMLs come from verl's own generator script.
+the target's definitions of the same names. A line ``#@methods <plugin module> <Class> <name> ...`` is removed, and
+the named methods of the target's class ``<Class>`` are replaced by those of the plugin module's class of the same
+name (verl's decorators stay): the worker wiring has one source too. The generated trainer YAMLs come from verl's own generator script.
 
 Usage::
 
@@ -58,6 +60,7 @@ PLUGIN_CONFIG = ("stapo_verl/integration/verl_0_9_1/policy_loss/config.py", "Sta
 #: words a copy must not contain (it would point at the plugin): shared code is written in verl's terms
 FORBIDDEN_IN_COPIES = ("stapo_verl", "plugin")
 SHARED_MARKER = re.compile(r"^#@shared (\S+)((?: \w+)*)$", flags=re.M)
+METHODS_MARKER = re.compile(r"^#@methods (\S+) (\w+)((?: \w+)+)\n", flags=re.M)
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,61 @@ def expand_shared(path: Path) -> None:
                     del lines[start]
         text = "".join(lines)
     path.write_text(text, encoding="utf-8")
+
+
+def _methods(source: str, cls: str) -> dict[str, ast.FunctionDef]:
+    """The methods of top-level class ``cls`` of ``source``, by name (empty when there is no such class)."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+    return {}
+
+
+def expand_methods(path: Path) -> None:
+    """Replace the methods each ``#@methods`` line of ``path`` names with the plugin's (from their ``def`` line to
+    their end, so the target's decorators stay), then drop the marker lines. Exits when a method is missing on either
+    side or the copy names the plugin."""
+    text = path.read_text(encoding="utf-8")
+    markers = list(METHODS_MARKER.finditer(text))
+    text = METHODS_MARKER.sub("", text)
+    lines, spans = text.splitlines(keepends=True), []
+    for m in markers:
+        plugin, cls, names = m.group(1), m.group(2), m.group(3).split()
+        ours_text = (REPO / plugin).read_text(encoding="utf-8")
+        ours, ours_lines, theirs = _methods(ours_text, cls), ours_text.splitlines(keepends=True), _methods(text, cls)
+        for name in names:
+            if name not in ours or name not in theirs:
+                raise SystemExit(f"build_series: {cls}.{name} must be a method in {plugin} and in {path.name}")
+            block = "".join(ours_lines[ours[name].lineno - 1 : ours[name].end_lineno])
+            if any(word in block for word in FORBIDDEN_IN_COPIES):
+                raise SystemExit(f"build_series: the copy of {plugin} {cls}.{name} names the plugin; reword it there")
+            spans.append((theirs[name].lineno - 1, theirs[name].end_lineno, block))
+    for start, end, block in sorted(spans, reverse=True):
+        lines[start:end] = block.splitlines(keepends=True)
+    path.write_text("".join(lines), encoding="utf-8")
+
+
+def method_entries(upto: str | None = None) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """``(plugin module, target file, class, names)`` of every ``#@methods`` line in the patches up to ``upto``."""
+    out = []
+    for patch in PATCHES[: SERIES.index(upto) + 1 if upto else None]:
+        for part in patch.diff.split("diff --git a/")[1:]:
+            target = part.split(" ", 1)[0]
+            for m in re.finditer(r"^\+#@methods (\S+) (\w+)((?: \w+)+)$", part, flags=re.M):
+                out.append((m.group(1), target, m.group(2), tuple(m.group(3).split())))
+    return out
+
+
+def method_ast(source: str, cls: str, names: tuple[str, ...]) -> dict[str, str]:
+    """``ast.dump`` of the named methods of class ``cls``, without their docstrings and decorators."""
+    out = {}
+    for name, node in _methods(source, cls).items():
+        if name in names:
+            body = node.body[1:] if isinstance(node.body[0], ast.Expr) and isinstance(
+                getattr(node.body[0], "value", None), ast.Constant) else node.body
+            node.body, node.decorator_list = body or [ast.Pass()], []
+            out[name] = ast.dump(node)
+    return out
 
 
 def shared_entries(upto: str | None = None) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -236,6 +294,7 @@ def apply_patch(tree: Path, patch: Patch) -> None:
     (tree / ".series.diff").unlink()
     for target in re.findall(r"^\+\+\+ b/(\S+)", patch.diff, flags=re.M):
         expand_shared(tree / target)
+        expand_methods(tree / target)
     if (SRC / patch.key).is_dir():
         shutil.copytree(SRC / patch.key, tree, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
     if "verl/trainer/config/" in patch.diff:  # verl's autogen-trainer-cfg hook; exits 1 when files changed
@@ -295,6 +354,11 @@ def check_tree(tree: Path, upto: str | None = None) -> int:
         ours = code_ast((REPO / plugin).read_text(encoding="utf-8"), names)
         theirs, n_defs = code_ast((tree / target).read_text(encoding="utf-8"), tuple(ours)), n_defs + len(ours)
         problems += [f"{target}::{n} differs from {plugin}::{n}" for n in ours if theirs.get(n) != ours[n]]
+    for plugin, target, cls, names in method_entries(upto):
+        ours = method_ast((REPO / plugin).read_text(encoding="utf-8"), cls, names)
+        theirs, n_defs = method_ast((tree / target).read_text(encoding="utf-8"), cls, names), n_defs + len(ours)
+        problems += [f"{target}::{cls}.{n} differs from {plugin}::{cls}.{n}" for n in names
+                     if n not in ours or theirs.get(n) != ours[n]]
     applied = SERIES[: SERIES.index(upto) + 1 if upto else None]
     fields = [f for f, key in SHARED_CONFIG.items() if key in applied]
     ours_cfg = config_fields((REPO / PLUGIN_CONFIG[0]).read_text(encoding="utf-8"), PLUGIN_CONFIG[1])

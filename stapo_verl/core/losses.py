@@ -41,18 +41,43 @@ POLICY_LOSS_MASK_KEY = "policy_loss_mask"
 POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
-def run_prepare_batch(prepare_batch_fn, data: TensorDict, engine) -> dict[str, float]:
-    """The pre-pass of one optimizer mini-batch, as ``TrainingWorker.train_batch`` runs it before the engine counts
-    (``batch_num_tokens``) and splits it: ``prepare_batch_fn(data, engine=engine, dp_group=<engine's DP group>)``
-    under a forked RNG (CPU and this rank's accelerator), so a forward it runs (dropout) or a draw it makes leaves
-    the update's random state as it found it. ``prepare_batch_fn`` writes its selection into ``data`` (a batch field
-    such as ``policy_loss_mask``) and returns its metrics (global over DP); returns them (``{}`` for None)."""
-    if prepare_batch_fn is None:
+def run_prepare_batch(prepare_batch_fns, data: TensorDict, engine) -> dict[str, float]:
+    """The pre-passes of one optimizer mini-batch, as ``TrainingWorker.train_batch`` runs them inside the engine's
+    train mode, before the engine counts (``batch_num_tokens``) and splits it.
+
+    Each ``fn(data, engine=engine, dp_group=<engine's DP group>)`` of ``prepare_batch_fns`` runs in order (``TrainingWorker.train_batch`` passes the caller's ``prepare_batch_fn`` first, then the actor's
+    ``policy_token_mask_fn``, so the mask sees the batch as the other pre-passes leave it and its count is the last
+    word). All of them run under one forked RNG (CPU and this rank's accelerator), so a forward one runs (dropout) or
+    a draw it makes leaves the update's random state as it found it, and every submodule of ``engine.module`` (a
+    module or a list of them) gets back its ``training`` flag afterwards: a pre-pass that enters the engine's eval
+    mode for a no-grad forward leaves activation checkpointing and dropout of the update on. A pre-pass writes its
+    selection into ``data`` (a batch field such as ``policy_loss_mask``) and returns its metrics, global over DP.
+
+    Args:
+        prepare_batch_fns: the pre-passes, in order; a None is skipped.
+        data: the optimizer mini-batch of this rank.
+        engine: the worker's ``BaseEngine``.
+
+    Returns:
+        The pre-passes' metrics, merged in order (``{}`` when none ran).
+    """
+    fns = [fn for fn in prepare_batch_fns if fn is not None]
+    if not fns:
         return {}
+    roots = getattr(engine, "module", None)
+    roots = roots if isinstance(roots, list | tuple) else [roots]
+    flags = [(m, m.training) for root in roots if isinstance(root, torch.nn.Module) for m in root.modules()]
     device_name = get_device_name()
     on_device = device_name != "cpu" and get_torch_device().is_available()
-    with torch.random.fork_rng(devices=[get_device_id()] if on_device else [], device_type=device_name):
-        return prepare_batch_fn(data, engine=engine, dp_group=engine.get_data_parallel_group())
+    metrics: dict[str, float] = {}
+    try:
+        with torch.random.fork_rng(devices=[get_device_id()] if on_device else [], device_type=device_name):
+            for fn in fns:
+                metrics.update(fn(data, engine=engine, dp_group=engine.get_data_parallel_group()))
+    finally:
+        for module, training in flags:
+            module.training = training
+    return metrics
 
 
 def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None, engine=None) -> dict[str, float]:

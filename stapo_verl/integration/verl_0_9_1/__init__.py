@@ -53,15 +53,17 @@ _REMOVE = "when the installed verl contains the upstream PR named here (then dro
 PATCHES: tuple[Patch, ...] = (
     Patch(
         symbol="verl.workers.engine_workers.TrainingWorker.train_batch",
-        action="wrapped (training_worker.wrap_train_batch); a job without a token mask: verl's method, its own "
-        "arguments and result",
-        why="run the policy token mask once per optimizer mini-batch, before the engine counts the mini-batch's "
-        "tokens (batch_num_tokens) and splits it into micro-batches; add the mask's metrics to the output",
-        upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None); train_batch runs the pre-pass "
-        "before engine.train_batch; init_model passes "
-        "partial(apply_policy_token_mask, actor_config) when token_mask is set",
+        action="replaced behind a dispatcher (training_worker.wrap_train_batch): a worker with a pre-pass "
+        "(prepare_batch_fn or policy_token_mask_fn) runs stapo_verl.core.engine_workers.TrainingWorker.train_batch, "
+        "the series' method (this body plus the pre-passes inside engine.train_mode), and with the plugin's mask "
+        "its diagnostics around it; any other worker: verl's method, its own arguments and result",
+        why="the pre-passes run once per optimizer mini-batch inside the engine's train mode, before the engine "
+        "counts the mini-batch's tokens (batch_num_tokens) and splits it into micro-batches; the series' method is "
+        "this body with those lines added, hence the source hash",
+        upstream="PR A: the same method (upstream/build_series.py copies it into verl's class)",
         remove_when=_REMOVE,
         signature="(self, data: TensorDict) -> TensorDict",
+        source_sha256="f771a9e32f61e691e074535ec8a0d1acf47e8d295d19b6945c3ccaff5e3e4282",
     ),
     Patch(
         symbol="verl.workers.engine_workers.ppo_loss",
@@ -277,34 +279,39 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         symbol="verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
         action="wrapped (training_worker.wrap_init_model): after verl's body, when the actor's policy_loss asks for "
-        "a token mask, the actor config is built from self.config.actor (omega_conf_to_dataclass, as verl builds "
-        "it) and the actor gets set_loss_fn(partial(ppo_loss, config=...), prepare_batch_fn=StapoPrepareBatch(...)); "
-        "relies on verl building the actor's loss as partial(ppo_loss, config=actor_config) from the module-level "
-        "name ppo_loss, and distillation's as partial(distillation_ppo_loss, ...)",
+        "a token mask (job.asks_for_mask), the actor config is built from self.config.actor "
+        "(omega_conf_to_dataclass, as verl builds it) and the actor's policy_token_mask_fn is "
+        "StapoPrepareBatch(config, ...); relies on verl building the actor's loss as partial(ppo_loss, "
+        "config=actor_config) from the module-level name ppo_loss, and distillation's as "
+        "partial(distillation_ppo_loss, ...)",
         why="the worker receives its actor config as an argument (the series' pre-pass contract); a token_mask "
         "with a loss that is not the plugin's ppo_loss (distillation) is refused here",
-        upstream="PR A: init_model passes partial(apply_policy_token_mask, actor_config) to set_loss_fn",
+        upstream="PR A: init_model sets self.actor.policy_token_mask_fn = partial(apply_policy_token_mask, "
+        "actor_config) when token_mask is set",
         remove_when=_REMOVE,
         signature="(self)",
         source_sha256="8bf2619c9dbfa87754b49584fbb66f75939bbd485998d217a970859a1c9597cb",
     ),
     Patch(
         symbol="verl.workers.engine_workers.TrainingWorker.set_loss_fn",
-        action="replaced (training_worker.replace_set_loss_fn, keeping verl's @register attributes): "
-        "set_loss_fn(loss_fn, prepare_batch_fn=None) stores prepare_batch_fn beside the loss",
-        why="the pre-pass contract of the series: the worker runs prepare_batch_fn(data, *, engine, dp_group) on "
-        "each optimizer mini-batch (training_worker.wrap_train_batch, core.losses.run_prepare_batch)",
-        upstream="PR A: TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)",
+        action="replaced behind a dispatcher (training_worker.replace_set_loss_fn, keeping verl's @register "
+        "attributes): stapo_verl.core.engine_workers.TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None) "
+        "once a pre-pass is passed or set; verl's method otherwise",
+        why="the pre-pass contract of the series: the caller's prepare_batch_fn(data, *, engine, dp_group) runs on "
+        "each optimizer mini-batch, before the actor's policy_token_mask_fn (core.losses.run_prepare_batch); the "
+        "state it writes (prepare_batch_fn, policy_token_mask_fn) is the series' TrainingWorker attributes",
+        upstream="PR A: the same method",
         remove_when=_REMOVE,
         signature="(self, loss_fn)",
     ),
     Patch(
         symbol="verl.workers.engine_workers.ActorRolloutRefWorker.set_loss_fn",
-        action="wrapped (training_worker.wrap_set_loss_fn_keeping_the_pre_pass): forwards the actor's "
-        "prepare_batch_fn with the new loss",
-        why="verl 0.9.1 calls self.actor.set_loss_fn(loss_fn=loss_fn), which would drop the pre-pass of a recipe "
-        "that replaces the loss through the worker",
-        upstream="PR A: ActorRolloutRefWorker.set_loss_fn passes prepare_batch_fn=self.actor.prepare_batch_fn",
+        action="replaced behind a dispatcher (training_worker.replace_actor_set_loss_fn): "
+        "stapo_verl.core.engine_workers.ActorRolloutRefWorker.set_loss_fn(loss_fn, prepare_batch_fn=None) once a "
+        "pre-pass is passed or the actor has one; verl's method otherwise",
+        why="a recipe or another plugin sets its own pre-pass through the worker; the actor's mask "
+        "(policy_token_mask_fn) is not touched, so the two compose",
+        upstream="PR A: the same method",
         remove_when=_REMOVE,
         signature="(self, loss_fn)",
     ),

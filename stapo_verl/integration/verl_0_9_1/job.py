@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 
 #: the switch of same seed, same run (a verl trainer key; not declared in verl's ``ppo_trainer.yaml``, so ``+``)
 REPRODUCIBLE_KEY = "trainer.reproducible"
@@ -35,6 +36,14 @@ AUDIT_ENV = "STAPO_AUDIT_DIR"
 #: where the decision is cached on a verl object (ledger: the ``state kept on the instance`` entries)
 REQUEST_ATTR = "_stapo_request"
 _POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
+#: loss modes of earlier stapo-verl versions → the ``token_mask`` that replaces them (with ``loss_mode=vanilla``); a
+#: job naming one asks for the plugin, whose config class refuses it with one line naming the replacement
+REPLACED_LOSS_MODES = MappingProxyType({
+    "stapo_high_entropy": "s2t_high_entropy",
+    "stapo_random": "s2t_random",
+    "stapo_full_mask": "s2t_full",
+    "top_entropy": "top_entropy",
+})
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ class JobRequest:
 
     Attributes:
         masked: the policy-loss config asks for a token mask (``loss_mode=stapo``, a ``token_mask``, or a loss mode
-            of an earlier stapo-verl version that a mask replaced; :func:`.policy_loss.config.wants_plugin_config`).
+            of an earlier stapo-verl version that a mask replaced; :func:`asks_for_mask`).
         reproducible: :data:`REPRODUCIBLE_KEY` is true.
     """
 
@@ -63,6 +72,22 @@ def _get(config, dotted: str, default=None):
             return default
         node = node.get(part, None) if hasattr(node, "get") else getattr(node, part, None)
     return default if node is None else node
+
+
+def asks_for_mask(policy_loss) -> bool:
+    """The one rule of whether a job asks for a policy token mask, which every wrapper applies (through
+    :func:`job_request` on the driver and the agent loop, directly on the worker's config and in ``ppo_loss``).
+
+    Args:
+        policy_loss: the actor's ``policy_loss`` node: an OmegaConf ``DictConfig``, a mapping, or verl's
+            ``PolicyLossConfig`` (or the plugin's subclass).
+
+    Returns:
+        True for ``loss_mode=stapo``, a ``token_mask``, or a loss mode an earlier version had
+        (:data:`REPLACED_LOSS_MODES`, refused with the fix when the config is built). Raises nothing.
+    """
+    loss_mode = _get(policy_loss, "loss_mode", "vanilla")
+    return loss_mode == "stapo" or loss_mode in REPLACED_LOSS_MODES or _get(policy_loss, "token_mask") is not None
 
 
 def reproducible_of(config) -> bool:
@@ -100,10 +125,8 @@ def job_request(config) -> JobRequest:
     Raises:
         stapo_verl.algo.config_ranges.StapoConfigError: :data:`REPRODUCIBLE_KEY` is not a boolean.
     """
-    from stapo_verl.integration.verl_0_9_1.policy_loss.config import wants_plugin_config
-
     policy_loss = _get(config, _POLICY_LOSS)
-    return JobRequest(masked=policy_loss is not None and wants_plugin_config(policy_loss),
+    return JobRequest(masked=policy_loss is not None and asks_for_mask(policy_loss),
                       reproducible=reproducible_of(config))
 
 

@@ -1,21 +1,25 @@
 """Worker-side patches of ``verl.workers.engine_workers`` (ledger: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
 
-* ``ppo_loss`` (the name ``ActorRolloutRefWorker.init_model`` builds the actor's loss from) is rebound to
-  :func:`wrap_ppo_loss`'s dispatcher: :func:`stapo_verl.core.losses.ppo_loss` (verl's function plus the mask on the
-  policy-gradient term) when the actor config selects a token mask, verl's own ``ppo_loss`` otherwise.
-* The pre-pass contract of the upstream series: ``TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)``;
-  ``ActorRolloutRefWorker.init_model`` hands the actor a :class:`StapoPrepareBatch` built from the actor config when
-  ``policy_loss.token_mask`` is set, and ``ActorRolloutRefWorker.set_loss_fn`` keeps it.
-* ``TrainingWorker.train_batch`` (one optimizer mini-batch) is wrapped: with that pre-pass, it runs on the mini-batch
-  before verl's body (so before the engine counts tokens) through :func:`stapo_verl.core.losses.run_prepare_batch`
-  (the engine, a forked RNG, the DP group), with the current policy's statistics when
-  ``stats_source=current_minibatch``;
-  the silenced tokens are dumped when ``dump_tokens`` is set; the mask's metrics, the mask statistics
-  (:mod:`stapo_verl.diagnostics.stats`; two tensor ``all_gather`` calls over DP per mini-batch of their own, after
-  the mask's exchange, and none with ``mask_statistics=False``) and the LM-head gradient norm (:mod:`.engine_grads`)
-  join the output. When the driver asked for diagnostics (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the
-  last mini-batch of the update also carries the update's histograms and, when a table is due, the token rows of
-  every DP rank (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`).
+The series' worker methods are :mod:`stapo_verl.core.engine_workers` (one source: ``upstream/build_series.py`` copies
+them into verl's classes). This module installs them on verl 0.9.1, each behind a dispatcher that hands a worker
+without a pre-pass verl's own method, its arguments and its result:
+
+* ``TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)`` and ``ActorRolloutRefWorker.set_loss_fn`` (the same
+  signature): the series' methods once a pre-pass is set;
+* ``ActorRolloutRefWorker.init_model``: after verl's body, when the actor's ``policy_loss`` asks for a mask
+  (:func:`stapo_verl.integration.verl_0_9_1.job.asks_for_mask`), the actor's ``policy_token_mask_fn`` is a
+  :class:`StapoPrepareBatch` (the series sets ``partial(apply_policy_token_mask, actor_config)``; this one also
+  runs ``stats_source=current_minibatch``);
+* ``TrainingWorker.train_batch``: the series' method when the worker has a pre-pass (it runs the caller's
+  ``prepare_batch_fn``, then the mask, inside the engine's train mode); with the plugin's mask, the diagnostics
+  around it: the mask statistics (:mod:`stapo_verl.diagnostics.stats`; two tensor ``all_gather`` calls over DP per
+  mini-batch of their own, none with ``mask_statistics=False``), the silenced-token dump (``dump_tokens``), the
+  LM-head gradient norm (:mod:`.engine_grads`) and, when the driver asked for diagnostics
+  (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the update's payload on its last mini-batch
+  (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`);
+* ``ppo_loss`` (the name ``init_model`` builds the actor's loss from) is rebound to :func:`wrap_ppo_loss`'s
+  dispatcher: :func:`stapo_verl.core.losses.ppo_loss` (verl's function plus the mask on the policy-gradient term)
+  when the actor config asks for a mask, verl's own ``ppo_loss`` otherwise.
 
 What verl would pass through ``train_mini_batch`` upstream (the mini-batch index within the step) is kept on the
 worker instance in a :class:`MiniBatchCursor`: the index counts ``train_batch`` calls since the last mini-batch that
@@ -30,19 +34,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stapo_verl.core import engine_workers as series
 from stapo_verl.core import losses as core_losses
-from stapo_verl.core.losses import (
-    POLICY_BATCH_NUM_TOKENS_KEY,
-    POLICY_LOSS_MASK_KEY,
-    apply_policy_token_mask,
-    run_prepare_batch,
-)
+from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows, table_rows
 from stapo_verl.diagnostics.stats import MaskStatistics, is_vocab_size, mask_statistics
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
-from stapo_verl.integration.verl_0_9_1.job import record_acted
-from stapo_verl.integration.verl_0_9_1.policy_loss.config import wants_plugin_config
+from stapo_verl.integration.verl_0_9_1.job import asks_for_mask, record_acted
 
 #: worker output metric of the LM-head gradient norm (verl's driver keeps keys that already start with "actor/")
 LM_HEAD_GRAD_NORM_KEY = "actor/stapo/lm_head_grad_norm"
@@ -103,8 +102,9 @@ CURRENT_ENTROPY_KEY = "stapo_current_entropy"
 
 
 class StapoPrepareBatch:
-    """The plugin's pre-pass, ``TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=...)``'s ``prepare_batch_fn``
-    (the upstream series' contract; verl 0.9.1 gets that method from :func:`patch_engine_workers`).
+    """The plugin's policy-token-mask pre-pass: the actor's ``policy_token_mask_fn`` (set by the ``init_model``
+    hook; the upstream series' contract, :mod:`stapo_verl.core.engine_workers`), or, passed as
+    ``set_loss_fn(loss_fn, prepare_batch_fn=...)``, a pre-pass like any other.
 
     ``__call__(data, *, engine, dp_group) -> metrics`` runs the actor's ``policy_loss.token_mask`` on one optimizer
     mini-batch: on the old policy's statistics (:func:`stapo_verl.core.losses.apply_policy_token_mask`, no
@@ -318,16 +318,36 @@ def require_masked_loss(loss_fn, token_mask: str) -> None:
         )
 
 
+def _pre_passes(worker) -> tuple:
+    """The worker's ``(prepare_batch_fn, policy_token_mask_fn)`` as the series' ``TrainingWorker`` holds them (None
+    where unset)."""
+    return worker.__dict__.get("prepare_batch_fn"), worker.__dict__.get("policy_token_mask_fn")
+
+
+def _stapo_pre_pass(worker) -> StapoPrepareBatch | None:
+    """The plugin's mask pre-pass among the worker's pre-passes (the mask slot first), or None."""
+    for fn in reversed(_pre_passes(worker)):
+        if isinstance(fn, StapoPrepareBatch):
+            return fn
+    return None
+
+
 def wrap_train_batch(orig):
-    """The ``TrainingWorker.train_batch`` replacement (see the module docstring)."""
+    """The ``TrainingWorker.train_batch`` replacement: verl's method for a worker without a pre-pass; the series'
+    (:meth:`stapo_verl.core.engine_workers.TrainingWorker.train_batch`) with one, and with the plugin's mask the
+    diagnostics around it (see the module docstring)."""
 
     @functools.wraps(orig)
     def train_batch(self, data):
-        prepare = self.__dict__.get("prepare_batch_fn")
-        if not isinstance(prepare, StapoPrepareBatch):
+        if not any(_pre_passes(self)):
             return orig(self, data)
-        config = prepare.config
         record_acted(_PREFIX + "TrainingWorker.train_batch")
+        self.__dict__.setdefault("prepare_batch_fn", None)  # the series' __init__ sets both
+        self.__dict__.setdefault("policy_token_mask_fn", None)
+        prepare = _stapo_pre_pass(self)
+        if prepare is None:  # only another pre-pass (a user's): the series' method, nothing of the plugin's
+            return series.TrainingWorker.train_batch(self, data)
+        config = prepare.config
         require_masked_loss(self.loss_fn, config.policy_loss.token_mask)
         from verl.utils import tensordict_utils as tu
 
@@ -337,45 +357,44 @@ def wrap_train_batch(orig):
         if "global_steps" not in data.keys():
             tu.assign_non_tensor(data, global_steps=step)
         tu.assign_non_tensor(data, mini_batch_index=index)
+        last = bool(tu.get(data, "update_lr_scheduler", default=False))
+        try:
+            with reading_lm_head_grad_norm(self.engine, {}) as lm_head:
+                output = series.TrainingWorker.train_batch(self, data)
+        finally:
+            cursor.leave(last)
+
+        # diagnostics of the mini-batch the mask ran on (the pre-pass wrote the mask into data)
         dp_group = self.engine.get_data_parallel_group()
         pl = config.policy_loss
         is_output_rank = bool(self.engine.is_mp_src_rank_with_outputs())
         s2t = pl.token_mask in S2T_TOKEN_MASKS
         statistics = s2t and is_output_rank and bool(pl.mask_statistics)  # the same on every rank of a DP group
-
-        # the pre-pass, as the upstream series' TrainingWorker.train_batch runs it (engine, forked RNG, DP group)
-        metrics = run_prepare_batch(prepare, data, self.engine)
         masked = _take_current(data)
+        metrics = tu.get(output, "metrics") if output is not None else {}  # the pre-passes' joined them (τ_h)
         padded = _padded_fields(masked) if s2t and (statistics or pl.dump_tokens) else None
         if padded is not None:
             padded[POLICY_LOSS_MASK_KEY] = _padded(masked[POLICY_LOSS_MASK_KEY])
+        extra = {}
         if statistics:
             stats = minibatch_statistics(config, padded, vocab_size_of(self), dp_group)
-            metrics.update(stats.to_metrics())
+            extra.update(stats.to_metrics())
             cursor.add_histograms(stats.histograms)
         # the driver's request (None: no diagnostics asked for, e.g. a trainer without the plugin's driver patch)
         request = tu.get(data, REQUEST_KEY, default=None)
         rows = _dump(self, config, data, padded, metrics, step, index, cursor) if padded is not None else []
         if request is not None:
             cursor.rows.extend(rows)
-        last = bool(tu.get(data, "update_lr_scheduler", default=False))
-        try:
-            with reading_lm_head_grad_norm(self.engine, {}) as lm_head:
-                output = orig(self, data)
-        finally:
-            cursor.leave(last)
-        output_metrics = tu.get(output, "metrics") if output is not None else None
-        lm_norm = lm_head.get("norm")
         payload = None
         if last and request is not None and is_output_rank:
-            payload = _payload(config, cursor, step, bool(request), dp_group,
-                               self.engine.get_data_parallel_rank())
+            payload = _payload(config, cursor, step, bool(request), dp_group, self.engine.get_data_parallel_rank())
         elif last:
             cursor.take_update()
-        if output_metrics is not None:
-            output_metrics.update(metrics)
-            if lm_norm is not None:
-                output_metrics[LM_HEAD_GRAD_NORM_KEY] = lm_norm
+        if output is not None:
+            output_metrics = tu.get(output, "metrics")
+            output_metrics.update(extra)
+            if lm_head.get("norm") is not None:
+                output_metrics[LM_HEAD_GRAD_NORM_KEY] = lm_head["norm"]
             if payload is not None:
                 output_metrics[PAYLOAD_KEY] = payload
             tu.assign_non_tensor(output, metrics=output_metrics)
@@ -399,7 +418,7 @@ def wrap_ppo_loss(orig):
     @functools.wraps(orig)
     def ppo_loss(*args, **kwargs):
         config = kwargs["config"] if "config" in kwargs else args[0]
-        if config.policy_loss.get("token_mask", None) is None:
+        if not asks_for_mask(config.policy_loss):
             return orig(*args, **kwargs)
         record_acted(_PREFIX + "ppo_loss")
         return core_losses.ppo_loss(*args, **kwargs)
@@ -409,43 +428,42 @@ def wrap_ppo_loss(orig):
 
 
 def replace_set_loss_fn(orig):
-    """``TrainingWorker.set_loss_fn`` as the upstream series shapes it, keeping ``orig``'s name and verl's
-    ``@register`` dispatch attributes: ``set_loss_fn(loss_fn, prepare_batch_fn=None)`` stores the loss and
-    ``prepare_batch_fn(data, *, engine, dp_group) -> metrics``, the pre-pass ``train_batch`` runs on each optimizer
-    mini-batch (:func:`stapo_verl.core.losses.run_prepare_batch`), or None."""
+    """``TrainingWorker.set_loss_fn`` as the upstream series shapes it
+    (:meth:`stapo_verl.core.engine_workers.TrainingWorker.set_loss_fn`), keeping ``orig``'s name and verl's
+    ``@register`` dispatch attributes; verl's own method while no pre-pass is set or passed."""
 
     @functools.wraps(orig)
     def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
-        if prepare_batch_fn is None:  # no pre-pass (a job without a mask): verl's own method
-            self.__dict__.pop("prepare_batch_fn", None)
+        if prepare_batch_fn is None and "prepare_batch_fn" not in self.__dict__:
             return orig(self, loss_fn)
-        self.loss_fn = loss_fn
-        self.prepare_batch_fn = prepare_batch_fn
+        record_acted(_PREFIX + "TrainingWorker.set_loss_fn")
+        return series.TrainingWorker.set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
 
     setattr(set_loss_fn, _MARK, True)
     return set_loss_fn
 
 
-def wrap_set_loss_fn_keeping_the_pre_pass(orig):
-    """``ActorRolloutRefWorker.set_loss_fn`` replacement: a recipe that replaces the actor's loss through the worker
-    keeps the actor's pre-pass (verl 0.9.1 calls ``self.actor.set_loss_fn(loss_fn=loss_fn)``, which would drop it)."""
+def replace_actor_set_loss_fn(orig):
+    """``ActorRolloutRefWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)`` as the upstream series shapes it
+    (:meth:`stapo_verl.core.engine_workers.ActorRolloutRefWorker.set_loss_fn`: the actor's policy token mask stays);
+    verl's own method while no pre-pass is set or passed."""
 
     @functools.wraps(orig)
-    def set_loss_fn(self, loss_fn):
-        prepare_batch_fn = self.actor.__dict__.get("prepare_batch_fn")
-        if prepare_batch_fn is None:  # no pre-pass (a job without a mask): verl's own method
+    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
+        if prepare_batch_fn is None and "prepare_batch_fn" not in self.actor.__dict__:
             return orig(self, loss_fn)
-        self.actor.set_loss_fn(loss_fn=loss_fn, prepare_batch_fn=prepare_batch_fn)
+        record_acted(_PREFIX + "ActorRolloutRefWorker.set_loss_fn")
+        return series.ActorRolloutRefWorker.set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
 
     setattr(set_loss_fn, _MARK, True)
     return set_loss_fn
 
 
 def wrap_init_model(orig):
-    """``ActorRolloutRefWorker.init_model`` wrapper: once verl built the actor, hand it the pre-pass when the
-    actor's ``policy_loss.token_mask`` is set (the series' ``init_model`` passes
-    ``partial(apply_policy_token_mask, actor_config)`` to ``set_loss_fn``); the actor config is built from the
-    worker's own config as verl builds it (``omega_conf_to_dataclass``).
+    """``ActorRolloutRefWorker.init_model`` wrapper: once verl built the actor, set its ``policy_token_mask_fn`` when
+    the actor's ``policy_loss`` asks for a mask (the series' ``init_model`` sets
+    ``partial(apply_policy_token_mask, actor_config)``); the actor config is built from the worker's own config as
+    verl builds it (``omega_conf_to_dataclass``).
 
     Raises:
         TokenMaskIntegrationError: a token mask with a loss that is not the plugin's ``ppo_loss`` (distillation).
@@ -456,17 +474,15 @@ def wrap_init_model(orig):
         out = orig(self, *args, **kwargs)
         actor = self.__dict__.get("actor")
         policy_loss = self.config.actor.get("policy_loss", None)
-        if actor is None or policy_loss is None or not wants_plugin_config(policy_loss):
+        if actor is None or policy_loss is None or not asks_for_mask(policy_loss):
             return out
         from verl.utils.config import omega_conf_to_dataclass
 
         config = omega_conf_to_dataclass(self.config.actor)
         config.model_config = actor.model_config
-        if config.policy_loss.get("token_mask", None) is None:
-            return out
         require_masked_loss(self.loss_fn, config.policy_loss.token_mask)
         record_acted(_PREFIX + "ActorRolloutRefWorker.init_model")
-        actor.set_loss_fn(self.loss_fn, prepare_batch_fn=StapoPrepareBatch(config, current_forward_keys(actor)))
+        actor.policy_token_mask_fn = StapoPrepareBatch(config, current_forward_keys(actor))
         return out
 
     setattr(init_model, _MARK, True)
@@ -475,9 +491,9 @@ def wrap_init_model(orig):
 
 def patch_engine_workers(module) -> None:
     """Post-import hook of ``verl.workers.engine_workers``: rebind ``ppo_loss`` to :func:`wrap_ppo_loss`'s
-    dispatcher; ``TrainingWorker.set_loss_fn`` takes
-    the pre-pass and ``train_batch`` runs it; ``ActorRolloutRefWorker.init_model`` hands it to the actor and its
-    ``set_loss_fn`` keeps it (idempotent)."""
+    dispatcher; install the series' ``TrainingWorker.set_loss_fn`` / ``train_batch`` and
+    ``ActorRolloutRefWorker.set_loss_fn`` behind their dispatchers; ``ActorRolloutRefWorker.init_model`` sets the
+    actor's mask (idempotent)."""
     if not getattr(module.ppo_loss, _MARK, False):
         module.ppo_loss = wrap_ppo_loss(module.ppo_loss)
     cls = module.TrainingWorker
@@ -489,7 +505,7 @@ def patch_engine_workers(module) -> None:
     if not getattr(arr.init_model, _MARK, False):
         arr.init_model = wrap_init_model(arr.init_model)
     if not getattr(arr.set_loss_fn, _MARK, False):
-        arr.set_loss_fn = wrap_set_loss_fn_keeping_the_pre_pass(arr.set_loss_fn)
+        arr.set_loss_fn = replace_actor_set_loss_fn(arr.set_loss_fn)
 
 
 def is_installed() -> bool:

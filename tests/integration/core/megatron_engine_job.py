@@ -135,17 +135,16 @@ def run_train_batch(engine, td, cfg):
 
     from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
 
-    worker = SimpleNamespace(engine=engine, loss_fn=functools.partial(core_losses.ppo_loss, config=cfg),
-                             prepare_batch_fn=StapoPrepareBatch(cfg, {}))
+    from support.workers import as_training_worker
 
-    def engine_train_batch(self, data):  # TrainingWorker.train_batch's core: engine.train_batch, metrics out
-        result = self.engine.train_batch(data, loss_function=self.loss_fn)
-        if not self.engine.is_mp_src_rank_with_outputs():  # as verl: only the output rank returns metrics
-            return None
-        return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": result["metrics"]})
+    worker = as_training_worker(SimpleNamespace(engine=engine, prepare_batch_fn=StapoPrepareBatch(cfg, {}),
+                                                loss_fn=functools.partial(core_losses.ppo_loss, config=cfg)))
 
-    with engine.train_mode():
-        return wrap_train_batch(engine_train_batch)(worker, td)
+    def verl_train_batch(self, data):  # without a pre-pass (not the case here): verl's own method
+        raise AssertionError("the plugin's wrapper must run the series' train_batch for a worker with a pre-pass")
+
+    # the series' train_batch: the pre-pass in the engine's train mode, engine.train_batch, metrics out (output rank)
+    return wrap_train_batch(verl_train_batch)(worker, td)
 
 
 def timed_pairs(engine, full, pairs, dp_rank, dp_size):

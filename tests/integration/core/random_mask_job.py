@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import torch
 import verl  # noqa: F401  (the entry point installs the plugin)
 from support.verl_batches import actor_config, random_minibatch
+from support.workers import as_training_worker
 from verl.utils import tensordict_utils as tu
 
 from stapo_verl.core import losses as core_losses
@@ -28,9 +29,10 @@ def main(mode):
                              prepare_batch_fn=StapoPrepareBatch(cfg, {}))
     masks = []
 
-    def body(self, data):  # stands in for verl's train_batch body: record the mask the pre-pass wrote
+    def body(self, data):  # stands in for the engine's forward/backward: record the mask the pre-pass wrote
         masks.append(data[POLICY_LOSS_MASK_KEY].to_padded_tensor(0).tolist())
 
+    as_training_worker(worker, body)
     train_batch = wrap_train_batch(body)
 
     def update(step, n_minibatches):  # one train_mini_batch call; verl flags its last mini-batch

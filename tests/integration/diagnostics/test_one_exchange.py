@@ -6,7 +6,8 @@ mini-batch in one process.
 
 Each process runs the plugin's ``TrainingWorker.train_batch`` wrapper (``wrap_train_batch``) on its half of the same
 mini-batch, with a stand-in for verl's own body, and counts the collectives ``torch.distributed`` runs between the
-wrapper's start and verl's body (where the pre-pass and the statistics run), for 2 mini-batches of an update.
+wrapper's start and the engine's forward/backward (the pre-pass, in the engine's train mode), and between that and the
+wrapper's end (the statistics), for 2 mini-batches of an update.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def _worker_stub(cfg, rank: int):
                            model_config=SimpleNamespace(hf_config=SimpleNamespace(vocab_size=VOCAB)))
 
 
+def _as_worker(worker, verl_body):
+    from support.workers import as_training_worker
+
+    return as_training_worker(worker, verl_body)
+
+
 def _child(rank: int, init_file: str, queue) -> None:
     use_cpu_platform()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
@@ -74,15 +81,17 @@ def _child(rank: int, init_file: str, queue) -> None:
 
     train_batch = wrap_train_batch(verl_body)
     report = []
+    delta = lambda a, b: {k: a[k] - b[k] for k in COLLECTIVES if a[k] > b[k]}  # noqa: E731
     try:
         for loss_mode, token_mask, statistics in CASES:
-            worker = _worker_stub(actor_config(loss_mode, token_mask, mask_statistics=statistics), rank)
+            worker = _as_worker(_worker_stub(actor_config(loss_mode, token_mask, mask_statistics=statistics), rank),
+                                verl_body)
             for step in range(2):
                 td = tu.index_select_tensor_dict(_global_minibatch(step)["td"], torch.arange(rank * 4, rank * 4 + 4))
                 tu.assign_non_tensor(td, global_steps=7, update_lr_scheduler=step == 1)
                 before = dict(counts)
                 out = train_batch(worker, td)
-                during = {k: at_verl_body[-1][k] - before[k] for k in COLLECTIVES if at_verl_body[-1][k] > before[k]}
+                during = (delta(at_verl_body[-1], before), delta(counts, at_verl_body[-1]))
                 report.append(((loss_mode, token_mask, statistics, step), during, tu.get(out, "metrics")))
         queue.put((rank, report))
     finally:
@@ -112,9 +121,10 @@ def test_the_mask_gathers_tensors_and_the_statistics_exchange_once(reports):
     for rank in (0, 1):
         for (loss_mode, token_mask, statistics, step), during, metrics in reports[rank]:
             case = (loss_mode, token_mask, statistics, step, rank)
-            # the mask: counts and candidate rows in two tensor all_gathers, the kept-token count in one all_reduce;
-            # the statistics (when on): two tensor all_gather calls, no pickled exchange; nothing else before verl's body
-            assert during == {"all_gather": 2 + (2 if statistics else 0), "all_reduce": 1}, case
+            # the mask: counts and candidate rows in two tensor all_gathers, the kept-token count in one all_reduce,
+            # before the engine's forward/backward; the statistics (when on), after it: two tensor all_gather calls,
+            # no pickled exchange; nothing else
+            assert during == ({"all_gather": 2, "all_reduce": 1}, {"all_gather": 2} if statistics else {}), case
             assert ("actor/stapo/silenced_grad_share" in metrics) == statistics, case
             assert metrics["actor/stapo/num_candidates"] > 0 and metrics["actor/stapo/num_masked"] > 0, case
 

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 from support.verl_batches import actor_config, random_minibatch
+from support.workers import as_training_worker
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 
@@ -47,6 +48,7 @@ def _train_batch(monkeypatch, loss_mode="stapo", **policy_loss) -> tuple[dict, l
     worker = SimpleNamespace(loss_fn=functools.partial(core_losses.ppo_loss, config=cfg), engine=engine,
                              prepare_batch_fn=StapoPrepareBatch(cfg, {}),
                              model_config=SimpleNamespace(hf_config=SimpleNamespace(vocab_size=1000)))
+    as_training_worker(worker, body=lambda worker, data: None)
     td = random_minibatch(bs=6, T=9, seed=4)["td"]
     tu.assign_non_tensor(td, global_steps=3, update_lr_scheduler=True)
     metrics = tu.get(wrap_train_batch(_verl_body)(worker, td), "metrics")

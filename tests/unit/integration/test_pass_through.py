@@ -138,7 +138,7 @@ def test_pass_through_set_loss_fn_and_init_model(plain_config, audit):
     assert vars(actor) == {}
     worker = SimpleNamespace(actor=actor)
     spy = Spy()
-    assert training_worker.wrap_set_loss_fn_keeping_the_pre_pass(spy)(worker, loss) is spy.result
+    assert training_worker.replace_actor_set_loss_fn(spy)(worker, loss) is spy.result
     _same(spy.calls[0], (worker, loss), {})
     actor.set_loss_fn = Spy()
     worker = SimpleNamespace(actor=actor, config=plain_config.actor_rollout_ref, loss_fn=loss)

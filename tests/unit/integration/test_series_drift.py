@@ -50,6 +50,16 @@ def series_hunks(path: str) -> list[str]:
     return out
 
 
+def build_series():
+    """``upstream/build_series.py`` as a module (what CI builds the series with)."""
+    if "build_series" not in sys.modules:  # its dataclasses resolve their annotations through sys.modules
+        spec = importlib.util.spec_from_file_location("build_series", REPO / "upstream" / "build_series.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["build_series"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["build_series"]
+
+
 def patched_verl_module(path: str, tmp: Path, monkeypatch):
     """The installed verl's ``path`` with the series' hunks applied, loaded as ``<its package>._series_<name>`` (so
     its relative imports are the installed package's) for the test's duration."""
@@ -61,6 +71,7 @@ def patched_verl_module(path: str, tmp: Path, monkeypatch):
     for i, hunk in enumerate(series_hunks(path)):
         (tmp / f"{i}.diff").write_text(hunk, encoding="utf-8")
         subprocess.run(["git", "apply", "--recount", f"{i}.diff"], cwd=tmp, check=True, capture_output=True)
+    build_series().expand_methods(target)  # the worker methods the series copies from the plugin's source
     name = ".".join([*Path(path).parent.parts, f"_series_{Path(path).stem}"])
     spec = importlib.util.spec_from_file_location(name, target)
     module = importlib.util.module_from_spec(spec)
@@ -115,6 +126,7 @@ def _worker(config, record):
                                     micro_batch_size_per_gpu=1, use_fused_kernels=False)
     return SimpleNamespace(engine=engine, engine_config=engine_config, model_config={}, profiler=None,
                            loss_fn=functools.partial(core_losses.ppo_loss, config=config), prepare_batch_fn=None,
+                           policy_token_mask_fn=None,
                            _postprocess_output=postprocess_output)
 
 
@@ -125,10 +137,10 @@ def test_the_series_worker_wiring_does_what_the_plugins_wrapper_does(series):
     assert getattr(engine_workers.TrainingWorker.train_batch, "__wrapped__", None) is not None  # the plugin's
     series_run, plugin_run = {}, {}
     worker = _worker(config, series_run)
-    worker.prepare_batch_fn = functools.partial(core_losses.apply_policy_token_mask, config)  # as init_model does
+    worker.policy_token_mask_fn = functools.partial(core_losses.apply_policy_token_mask, config)  # as init_model does
     series_run["returned"] = tu.get(series.engine_workers.TrainingWorker.train_batch(worker, _mini_batch()), "metrics")
     worker = _worker(config, plugin_run)
-    worker.prepare_batch_fn = StapoPrepareBatch(config, {})  # as the plugin's init_model hook does
+    worker.policy_token_mask_fn = StapoPrepareBatch(config, {})  # as the plugin's init_model hook does
     plugin_run["returned"] = tu.get(engine_workers.TrainingWorker.train_batch(worker, _mini_batch()), "metrics")
     # the engine receives the mask and its count, before it counts its own tokens: ⌈0.5 · 9⌉ = 5 kept tokens
     assert series_run["engine"]["policy_batch_num_tokens"] == plugin_run["engine"]["policy_batch_num_tokens"] == 5
@@ -175,20 +187,76 @@ def test_the_pre_pass_gets_the_engine_and_leaves_the_rng_alone(series, through):
     assert record["engine"]["policy_batch_num_tokens"] == tu.get(td, "policy_batch_num_tokens")  # before the count
 
 
-@pytest.mark.parametrize("through", ["series", "plugin"])
-def test_set_loss_fn_through_actor_rollout_ref_worker_keeps_the_pre_pass(series, through):
+class SpyPrepareBatch:
+    """A caller's pre-pass (a user's, another plugin's): records whether the mask ran before it, writes a field."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, data, *, engine, dp_group=None):
+        self.calls.append("policy_loss_mask" in data.keys())
+        data["spy_field"] = data["response_mask"].clone()
+        return {"actor/spy/calls": float(len(self.calls))}
+
+
+def _s2t_mini_batch() -> TensorDict:
+    td = _mini_batch()
+    td["old_log_probs"] = td["entropy"].clone() - 9.0  # p ≈ e^-9 < τ_p: every token a candidate
+    td["advantages"] = td["entropy"].clone() + 1.0
+    return td
+
+
+@pytest.mark.parametrize("through", ["TrainingWorker", "ActorRolloutRefWorker"])
+@pytest.mark.parametrize("path", ["series", "plugin"])
+def test_a_callers_pre_pass_runs_before_the_mask_and_both_count(series, path, through):
+    """A spy pre-pass set through either ``set_loss_fn`` runs, first, and S2T's mask still runs after it: the same
+    mask, count and metrics through the series and through the plugin."""
     import verl.workers.engine_workers as engine_workers
 
-    module = series.engine_workers if through == "series" else engine_workers
+    module = series.engine_workers if path == "series" else engine_workers
     config = actor_config("vanilla", "s2t")
-    actor = SimpleNamespace()
-    actor.set_loss_fn = functools.partial(module.TrainingWorker.set_loss_fn, actor)
-    pre_pass = functools.partial(core_losses.apply_policy_token_mask, config)
-    actor.set_loss_fn(functools.partial(core_losses.ppo_loss, config=config), prepare_batch_fn=pre_pass)
-    worker = SimpleNamespace(actor=actor)
-    recipe_loss = functools.partial(core_losses.ppo_loss, config=config)
-    module.ActorRolloutRefWorker.set_loss_fn(worker, recipe_loss)  # a recipe replaces the loss through the worker
-    assert actor.loss_fn is recipe_loss and actor.prepare_batch_fn is pre_pass
+    results = {}
+    for with_spy in (False, True):
+        record, spy = {}, SpyPrepareBatch()
+        worker = _worker(config, record)
+        worker.policy_token_mask_fn = (functools.partial(core_losses.apply_policy_token_mask, config)
+                                       if path == "series" else StapoPrepareBatch(config, {}))
+        loss = functools.partial(core_losses.ppo_loss, config=config)
+        if with_spy and through == "TrainingWorker":
+            module.TrainingWorker.set_loss_fn(worker, loss, prepare_batch_fn=spy)
+        elif with_spy:
+            worker.set_loss_fn = functools.partial(module.TrainingWorker.set_loss_fn, worker)
+            module.ActorRolloutRefWorker.set_loss_fn(SimpleNamespace(actor=worker), loss, prepare_batch_fn=spy)
+        td = _s2t_mini_batch()
+        metrics = tu.get(module.TrainingWorker.train_batch(worker, td), "metrics")
+        results[with_spy] = (record["engine"]["policy_loss_mask"].to_padded_tensor(0), metrics)
+        if with_spy:
+            assert spy.calls == [False]  # once, before the mask
+            assert "spy_field" in td.keys() and metrics["actor/spy/calls"] == 1.0
+            assert isinstance(worker.policy_token_mask_fn, functools.partial | StapoPrepareBatch)  # the mask stayed
+    (mask_alone, alone), (mask_with, with_spy_metrics) = results[False], results[True]
+    assert torch.equal(mask_alone, mask_with)  # the spy changed nothing the mask reads
+    assert {k: v for k, v in with_spy_metrics.items() if k != "actor/spy/calls"} == alone
+    assert alone["actor/policy_batch_num_tokens"] == float(mask_alone.sum()) < 9  # the mask silenced tokens
+
+
+def test_the_plugin_and_the_series_give_the_same_mask_count_and_metrics_with_a_callers_pre_pass(series):
+    import verl.workers.engine_workers as engine_workers
+
+    config = actor_config("vanilla", "s2t")
+    out = {}
+    for path, module in (("series", series.engine_workers), ("plugin", engine_workers)):
+        record = {}
+        worker = _worker(config, record)
+        worker.policy_token_mask_fn = (functools.partial(core_losses.apply_policy_token_mask, config)
+                                       if path == "series" else StapoPrepareBatch(config, {}))
+        module.TrainingWorker.set_loss_fn(worker, worker.loss_fn, prepare_batch_fn=SpyPrepareBatch())
+        metrics = tu.get(module.TrainingWorker.train_batch(worker, _s2t_mini_batch()), "metrics")
+        out[path] = (record["engine"]["policy_loss_mask"].to_padded_tensor(0),
+                     record["engine"]["policy_batch_num_tokens"], metrics)
+    assert torch.equal(out["series"][0], out["plugin"][0]) and out["series"][1] == out["plugin"][1]
+    # the plugin adds its diagnostics (actor/stapo/... statistics) on top of the series' metrics, never other values
+    assert all(out["plugin"][2][k] == v for k, v in out["series"][2].items())
 
 
 @pytest.mark.parametrize("token_mask", [None, "s2t", "top_entropy"])

@@ -51,6 +51,7 @@ from stapo_verl.algo.config_ranges import (
 )
 from stapo_verl.core.masks import S2T_TOKEN_MASKS
 from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
+from stapo_verl.integration.verl_0_9_1.job import REPLACED_LOSS_MODES, asks_for_mask
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +68,6 @@ MASK_KEYS = MappingProxyType({
 TOKEN_MASK_KEYS = ("s2t_tau_p", "s2t_entropy_quantile", "top_entropy_ratio")
 #: where the statistics the mask reads come from
 STATS_SOURCES = ("old_policy", "current_minibatch")
-#: loss modes of earlier stapo-verl versions → the ``token_mask`` that replaces them (with ``loss_mode=vanilla``)
-REPLACED_LOSS_MODES = types.MappingProxyType({
-    "stapo_high_entropy": "s2t_high_entropy",
-    "stapo_random": "s2t_random",
-    "stapo_full_mask": "s2t_full",
-    "top_entropy": "top_entropy",
-})
 #: keys of earlier stapo-verl versions → their names now, prefixed with their method as verl's loss keys are
 #: (``clip_cov_*``, ``kl_cov_*``, ``dro_beta``). Still declared (None), so that an old override reaches the error
 #: naming the new key instead of Hydra's ``Key 'tau_p' is not in struct``.
@@ -428,12 +422,6 @@ def _resolve(target):
         raise StapoConfigError(f"{_KEY}._target_={target!r} cannot be imported: {type(e).__name__}: {e}") from e
 
 
-def wants_plugin_config(policy_loss) -> bool:
-    """True if the ``policy_loss`` node asks for this plugin: ``loss_mode=stapo``, a replaced loss mode, or a mask."""
-    loss_mode = _get(policy_loss, "loss_mode", "vanilla")
-    return loss_mode == "stapo" or loss_mode in REPLACED_LOSS_MODES or _get(policy_loss, "token_mask") is not None
-
-
 def fill_policy_loss_target(config) -> bool:
     """Point ``policy_loss._target_`` at :class:`StapoPolicyLossConfig` when the run asks for the plugin.
 
@@ -453,7 +441,7 @@ def fill_policy_loss_target(config) -> bool:
         StapoConfigError: the run asks for the plugin but ``_target_`` names another class.
     """
     pl = _node(config, _KEY)
-    if not isinstance(pl, DictConfig) or not wants_plugin_config(pl):
+    if not isinstance(pl, DictConfig) or not asks_for_mask(pl):
         return False
     target = pl.get("_target_", None)
     if target == stapo_target() or _is_stapo_config_class(target):
@@ -484,7 +472,7 @@ def validate_token_mask_config(config) -> None:
         StapoNotRegisteredError: the plugin is not loaded in this process.
     """
     pl = _node(config, _KEY)
-    if pl is None or not wants_plugin_config(pl):
+    if pl is None or not asks_for_mask(pl):
         return
     require_plugin_loaded()
     check_renamed_keys(pl)

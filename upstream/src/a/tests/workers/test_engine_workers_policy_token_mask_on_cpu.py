@@ -11,7 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``TrainingWorker`` runs the pre-pass of ``set_loss_fn(loss_fn, prepare_batch_fn=...)`` once per mini-batch.
+"""``TrainingWorker`` runs its pre-passes once per mini-batch: the caller's ``set_loss_fn(loss_fn, prepare_batch_fn=...)``,
+then the actor's ``policy_token_mask_fn``.
 
 The worker methods are driven with mocked engines (as in test_engine_workers_mini_batch_trace_on_cpu.py), so no
 GPU or ray is needed.
@@ -78,6 +79,7 @@ def _worker(seen):
         model_config={},
         loss_fn=lambda **kwargs: None,
         prepare_batch_fn=None,
+        policy_token_mask_fn=None,
         profiler=None,  # no DistProfiler: the decorated method runs as is
         # stands in for verl's reduction over the DP group: returns the metrics it is given, as its output does
         _postprocess_output=MagicMock(
@@ -97,7 +99,7 @@ def test_set_loss_fn_stores_the_prepare_batch_fn():
 def test_train_batch_runs_the_pre_pass_before_the_engine_and_reports_its_metrics():
     seen = []
     worker = _worker(seen)
-    worker.prepare_batch_fn = partial(
+    worker.policy_token_mask_fn = partial(
         apply_policy_token_mask, SimpleNamespace(policy_loss=PolicyLossConfig(token_mask="keep_first"))
     )
     output = TrainingWorker.train_batch(worker, _mini_batch())
@@ -120,12 +122,57 @@ def test_train_batch_without_a_pre_pass_is_unchanged():
     assert tu.get(output, "metrics") == {"actor/pg_loss": [0.5]}
 
 
-def test_a_loss_replaced_through_actor_rollout_ref_worker_keeps_the_pre_pass():
-    actor = SimpleNamespace()
+def test_set_loss_fn_through_actor_rollout_ref_worker_keeps_the_mask():
+    actor = SimpleNamespace(policy_token_mask_fn="mask")
     actor.set_loss_fn = partial(TrainingWorker.set_loss_fn, actor)
-    actor.set_loss_fn("loss", prepare_batch_fn="pre_pass")
-    ActorRolloutRefWorker.set_loss_fn(SimpleNamespace(actor=actor), "a recipe's loss")
-    assert (actor.loss_fn, actor.prepare_batch_fn) == ("a recipe's loss", "pre_pass")
+    ActorRolloutRefWorker.set_loss_fn(SimpleNamespace(actor=actor), "a recipe's loss", prepare_batch_fn="theirs")
+    assert (actor.loss_fn, actor.prepare_batch_fn, actor.policy_token_mask_fn) == ("a recipe's loss", "theirs", "mask")
+    ActorRolloutRefWorker.set_loss_fn(SimpleNamespace(actor=actor), "another loss")
+    assert (actor.loss_fn, actor.prepare_batch_fn, actor.policy_token_mask_fn) == ("another loss", None, "mask")
+
+
+def test_the_callers_pre_pass_runs_first_then_the_mask():
+    seen, order = [], []
+    worker = _worker(seen)
+    mask = partial(apply_policy_token_mask, SimpleNamespace(policy_loss=PolicyLossConfig(token_mask="keep_first")))
+
+    def theirs(data, *, engine, dp_group):
+        order.append(("theirs", "policy_loss_mask" in data.keys()))
+        data["their_field"] = data["response_mask"].clone()
+        return {"actor/theirs": 1.0}
+
+    def the_mask(data, *, engine, dp_group):
+        order.append(("mask", "their_field" in data.keys()))
+        return mask(data, engine=engine, dp_group=dp_group)
+
+    worker.prepare_batch_fn, worker.policy_token_mask_fn = theirs, the_mask
+    output = TrainingWorker.train_batch(worker, _mini_batch())
+    assert order == [("theirs", False), ("mask", True)]  # the mask sees the batch as the caller's pre-pass left it
+    assert seen[0]["policy_batch_num_tokens"] == 2
+    assert tu.get(output, "metrics")["actor/theirs"] == 1.0 and tu.get(output, "metrics")["actor/keep_first/kept"] == 2
+
+
+def test_a_pre_pass_that_switches_to_eval_leaves_the_training_flags_as_it_found_them():
+    seen = []
+    worker = _worker(seen)
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5), torch.nn.Sequential(torch.nn.ReLU()))
+    module[2].eval()  # a submodule its owner keeps in eval mode stays there
+    before = [m.training for m in module.modules()]
+    worker.engine.module = module
+    flags_in_update = []
+    engine_train_batch = worker.engine.train_batch
+
+    def train_batch(data, loss_function=None):
+        flags_in_update.append([m.training for m in module.modules()])
+        return engine_train_batch(data, loss_function=loss_function)
+
+    def forward_in_eval_mode(data, *, engine, dp_group):
+        engine.module.eval()  # what an engine's eval mode does for a no-grad forward
+        return {}
+
+    worker.engine.train_batch, worker.prepare_batch_fn = train_batch, forward_in_eval_mode
+    TrainingWorker.train_batch(worker, _mini_batch())
+    assert flags_in_update == [before] and before == [True, True, True, False, False]
 
 
 def test_the_pre_pass_gets_the_engine_in_train_mode_and_leaves_the_rng_alone():

@@ -1,0 +1,106 @@
+"""The worker methods the upstream series changes in ``verl.workers.engine_workers``: one source for both.
+
+``upstream/build_series.py`` copies each method below into the verl class of the same name (``#@methods``; verl's
+decorators stay), and CI fails when the two drift (``build_series.py --check-tree``). On verl 0.9.1 the plugin installs
+the same functions on verl's classes (:mod:`stapo_verl.integration.verl_0_9_1.training_worker`), for the jobs that set
+a pre-pass; every other job keeps verl's own methods.
+
+The pre-pass contract: ``TrainingWorker`` holds two pre-passes, run once per optimizer mini-batch inside the engine's
+train mode, before the engine counts the mini-batch's tokens and splits it into micro-batches
+(:func:`stapo_verl.core.losses.run_prepare_batch`):
+
+1. ``prepare_batch_fn``, the caller's: ``set_loss_fn(loss_fn, prepare_batch_fn=...)``, on the ``TrainingWorker`` or on
+   ``ActorRolloutRefWorker`` (e.g. verl PR #7830's KL-Cov selection, a user's or another plugin's);
+2. ``policy_token_mask_fn``, the actor config's: ``ActorRolloutRefWorker.init_model`` sets it when
+   ``actor.policy_loss.token_mask`` is set (``partial(apply_policy_token_mask, actor_config)``); ``set_loss_fn``
+   leaves it alone, so a recipe that replaces the loss or adds its own pre-pass keeps the mask.
+
+The mask runs last: it sees the batch as the caller's pre-pass leaves it (its advantages, say), and the count it
+writes (``policy_batch_num_tokens``) is the one the loss divides by.
+"""
+
+from __future__ import annotations
+
+from codetiming import Timer
+from tensordict import TensorDict
+from verl.utils import tensordict_utils as tu
+
+from stapo_verl.core.losses import run_prepare_batch
+
+
+class TrainingWorker:
+    """The methods the series changes in ``verl.workers.engine_workers.TrainingWorker`` (its ``__init__`` also sets
+    ``self.prepare_batch_fn = None`` and ``self.policy_token_mask_fn = None``)."""
+
+    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
+        """Set the loss, and ``prepare_batch_fn(data, *, engine, dp_group) -> metrics``, which ``train_batch`` runs on
+        each optimizer mini-batch before the engine splits and counts it (before the policy token mask), or None."""
+        self.loss_fn = loss_fn
+        self.prepare_batch_fn = prepare_batch_fn
+
+    def train_batch(self, data: TensorDict) -> TensorDict:
+        assert self.loss_fn is not None, "loss function can't be None when calling train_batch"
+        assert not self.engine_config.forward_only, "Can't run `train_batch` when forward_only is in the engine config."
+        # global_token_num should be a list of number of tokens of each seq in this batch
+        global_token_num = tu.get(data, key="global_token_num")
+        disable_auto_offload = tu.get(data, key="disable_auto_offload", default=False)
+        images_seqlens = tu.get(data, key="images_seqlens", default=None)
+
+        # inject engineering parameters if not specified
+        default_keys = dict(
+            use_remove_padding=self.model_config.get("use_remove_padding", False),
+            use_dynamic_bsz=self.engine_config.use_dynamic_bsz,
+            max_token_len_per_gpu=self.engine_config.max_token_len_per_gpu,
+            micro_batch_size_per_gpu=self.engine_config.micro_batch_size_per_gpu,
+            use_fused_kernels=self.engine_config.use_fused_kernels,
+        )
+
+        for key, val in default_keys.items():
+            if key not in data.keys():
+                tu.assign_non_tensor(data, **{key: val})
+
+        with (
+            self.engine.train_mode(disable_auto_offload=disable_auto_offload),
+            Timer(name="train_batch", logger=None) as timer,
+        ):
+            # the whole mini-batch, before the engine counts and splits it: the caller's pre-pass, then the mask
+            pre_passes = (self.prepare_batch_fn, self.policy_token_mask_fn)
+            prepare_metrics = run_prepare_batch(pre_passes, data, self.engine)
+            output = self.engine.train_batch(data, loss_function=self.loss_fn)
+            # containing loss, model_output and metrics
+            # for training, we only care about loss and metrics
+        delta_time = timer.last
+
+        update_lr_scheduler = tu.get(data, key="update_lr_scheduler", default=False)
+        # update lr scheduler
+        if update_lr_scheduler:
+            lr = self.engine.lr_scheduler_step()
+        else:
+            lr = None
+
+        if self.engine.is_mp_src_rank_with_outputs():
+            # we don't need model_output in training. Maybe we change out mind later
+            output.pop("model_output")
+            if lr is not None:
+                output["metrics"]["lr"] = lr
+            final_output = self._postprocess_output(
+                output,
+                global_token_num=global_token_num,
+                delta_time=delta_time,
+                forward_only=False,
+                images_seqlens=images_seqlens,
+            ).cpu()
+            # the pre-passes' metrics are global over DP already: they join the reduced ones
+            tu.assign_non_tensor(final_output, metrics={**tu.get(final_output, "metrics"), **prepare_metrics})
+        else:
+            final_output = None
+
+        return final_output
+
+
+class ActorRolloutRefWorker:
+    """The method the series changes in ``verl.workers.engine_workers.ActorRolloutRefWorker``."""
+
+    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
+        """Set the actor's loss and pre-pass (``TrainingWorker.set_loss_fn``); the actor's policy token mask stays."""
+        self.actor.set_loss_fn(loss_fn=loss_fn, prepare_batch_fn=prepare_batch_fn)
