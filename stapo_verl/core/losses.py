@@ -42,24 +42,13 @@ POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
 def run_prepare_batch(prepare_batch_fns, data: TensorDict, engine) -> dict[str, float]:
-    """The pre-passes of one optimizer mini-batch, as ``TrainingWorker.train_batch`` runs them inside the engine's
-    train mode, before the engine counts (``batch_num_tokens``) and splits it.
+    """Run the pre-passes ``fn(data, engine=engine, dp_group=...)`` of one optimizer mini-batch in order (None
+    skipped), as ``TrainingWorker.train_batch`` does in the engine's train mode before the engine counts and splits it.
 
-    Each ``fn(data, engine=engine, dp_group=<engine's DP group>)`` of ``prepare_batch_fns`` runs in order (``TrainingWorker.train_batch`` passes the caller's ``prepare_batch_fn`` first, then the actor's
-    ``policy_token_mask_fn``, so the mask sees the batch as the other pre-passes leave it and its count is the last
-    word). All of them run under one forked RNG (CPU and this rank's accelerator), so a forward one runs (dropout) or
-    a draw it makes leaves the update's random state as it found it, and every submodule of ``engine.module`` (a
-    module or a list of them) gets back its ``training`` flag afterwards: a pre-pass that enters the engine's eval
-    mode for a no-grad forward leaves activation checkpointing and dropout of the update on. A pre-pass writes its
-    selection into ``data`` (a batch field such as ``policy_loss_mask``) and returns its metrics, global over DP.
-
-    Args:
-        prepare_batch_fns: the pre-passes, in order; a None is skipped.
-        data: the optimizer mini-batch of this rank.
-        engine: the worker's ``BaseEngine``.
-
-    Returns:
-        The pre-passes' metrics, merged in order (``{}`` when none ran).
+    They run under one forked RNG (CPU and this rank's accelerator), and every submodule of ``engine.module`` (a
+    module or a list of them) gets its ``training`` flag back: a no-grad forward in eval mode leaves the update's
+    random state, dropout and activation checkpointing alone. Each writes its selection into ``data`` and returns its
+    metrics, global over DP; returns them merged in order (``{}`` when none ran).
     """
     fns = [fn for fn in prepare_batch_fns if fn is not None]
     if not fns:
