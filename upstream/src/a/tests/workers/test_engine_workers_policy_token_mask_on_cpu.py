@@ -11,8 +11,8 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""``TrainingWorker`` runs its pre-passes once per mini-batch: the caller's ``set_loss_fn(loss_fn, prepare_batch_fn=...)``,
-then the actor's ``policy_token_mask_fn``.
+"""``TrainingWorker`` runs its pre-passes once per mini-batch: the caller's (``set_loss_fn(loss_fn,
+prepare_batch_fn=...)``), then the actor's ``policy_token_mask_fn``.
 
 The worker methods are driven with mocked engines (as in test_engine_workers_mini_batch_trace_on_cpu.py), so no
 GPU or ray is needed.
