@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import re
-import shutil
-import subprocess
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -34,44 +31,13 @@ from stapo_verl.core import losses as core_losses
 from stapo_verl.core import registry
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError, StapoPolicyLossConfig
 from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
+from support.series import series_file
 from support.verl_batches import actor_config
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def series_hunks(path: str) -> list[str]:
-    """The sections of ``upstream/src/a.diff`` and ``b.diff`` (in series order) that patch ``path``."""
-    out = []
-    for key in ("a", "b"):
-        text = (REPO / "upstream" / "src" / f"{key}.diff").read_text(encoding="utf-8")
-        diff = text[text.index("diff --git ") :]
-        out += [s for s in re.split(r"(?m)^(?=diff --git )", diff) if s.startswith(f"diff --git a/{path} b/{path}")]
-    assert out, f"no hunk of the series patches {path}"
-    return out
-
-
-def build_series():
-    """``upstream/build_series.py`` as a module (what CI builds the series with)."""
-    if "build_series" not in sys.modules:  # its dataclasses resolve their annotations through sys.modules
-        spec = importlib.util.spec_from_file_location("build_series", REPO / "upstream" / "build_series.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["build_series"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["build_series"]
-
-
 def patched_verl_module(path: str, tmp: Path, monkeypatch):
-    """The installed verl's ``path`` with the series' hunks applied, loaded as ``<its package>._series_<name>`` (so
-    its relative imports are the installed package's) for the test's duration."""
-    import verl
-
-    target = tmp / path
-    target.parent.mkdir(parents=True)
-    shutil.copy(Path(verl.__file__).parent.parent / path, target)
-    for i, hunk in enumerate(series_hunks(path)):
-        (tmp / f"{i}.diff").write_text(hunk, encoding="utf-8")
-        subprocess.run(["git", "apply", "--recount", f"{i}.diff"], cwd=tmp, check=True, capture_output=True)
-    build_series().expand_methods(target)  # the worker methods the series copies from the plugin's source
+    """The installed verl's ``path`` with the series applied (:func:`support.series.series_file`), loaded as
+    ``<its package>._series_<name>`` (so its relative imports are the installed package's) for the test's duration."""
+    target = series_file(path, tmp)
     name = ".".join([*Path(path).parent.parts, f"_series_{Path(path).stem}"])
     spec = importlib.util.spec_from_file_location(name, target)
     module = importlib.util.module_from_spec(spec)
