@@ -242,7 +242,7 @@ class StapoPolicyLossConfig(PolicyLossConfig):
         mask_statistics: log the mask statistics of every optimizer mini-batch (``actor/stapo/candidate_entropy_*``,
             ``pos_adv_below_tau_p_frac``, ``silenced_share_*``, ``silenced_grad_share*``; the p and H histograms;
             and with ``stats_source=current_minibatch`` the disagreement with the old policy's mask); S2T-family
-            masks only. One ``all_gather_object`` over the DP group per mini-batch, after the mask's. False:
+            masks only. Two tensor ``all_gather`` calls over the DP group per mini-batch, after the update. False:
             the mask does its own work only. Default True.
         dump_tokens: write the silenced tokens and as many kept candidates per step as JSONL
             (:mod:`stapo_verl.minibatch.token_dump`); S2T-family masks only.
