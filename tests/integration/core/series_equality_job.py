@@ -30,9 +30,10 @@ import torch.distributed as dist  # noqa: E402
 import verl  # noqa: E402,F401  (entry point: CPU platform + the plugin's hooks)
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "diagnostics"))
 from current_minibatch_job import build_worker  # noqa: E402
 from support.verl_batches import actor_config, tq_layout_batch  # noqa: E402
-from support.tiny_qwen3 import VOCAB  # noqa: E402
+from worker_job import batch  # noqa: E402
 
 
 def callers_pre_pass(data, *, engine, dp_group):
@@ -83,12 +84,8 @@ def main(out_path, path, engine, model_dir, stats_source):
 
     worker.engine.train_batch = recording_train_batch
 
-    g = torch.Generator().manual_seed(1)
-    bs, P, R = 8, 4, 6
-    prompts = torch.randint(0, VOCAB, (bs, P), generator=g)
-    responses = torch.randint(0, VOCAB, (bs, R), generator=g)
-    attn = torch.ones(bs, P + R, dtype=torch.int64)
-    attn[1, -2:] = 0
+    prompts, responses, attn, adv = batch()  # the diagnostics worker job's batch (fixed seed)
+    bs, R = responses.shape
     td = tq_layout_batch(prompts, responses, attn)
     td["global_steps"] = torch.full((bs,), 3, dtype=torch.int64)
 
@@ -101,8 +98,7 @@ def main(out_path, path, engine, model_dir, stats_source):
 
     old_lp, ent = log_probs(td)
     td["old_log_probs"], td["entropy"] = (response_to_nested(x, td["response_mask"]) for x in (old_lp, ent))
-    adv = torch.tensor([1.3, 0.8, -0.5, 1.1, 0.9, 1.4, -1.0, 0.6])[:, None].expand(bs, R).contiguous()
-    td["advantages"] = response_to_nested(adv, td["response_mask"])
+    td["advantages"] = response_to_nested(adv[:, None].expand(bs, R).contiguous(), td["response_mask"])
     tu.assign_non_tensor(td, calculate_entropy=False, temperature=1.0, global_batch_size=2, mini_batch_size=2,
                          epochs=1, seed=0, dataloader_kwargs={"shuffle": False})
     result = worker.train_mini_batch(td)
