@@ -55,15 +55,21 @@ def probe() -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def pr_sizes() -> dict[str, int]:
-    """Production ``.py`` lines added by PR A and PR B, from ``build_series.py --sizes``."""
-    out = subprocess.run([sys.executable, str(ROOT / "upstream" / "build_series.py"), "--sizes"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+def parse_pr_sizes(table: str) -> dict[str, int]:
+    """``{"pr_a": n, "pr_b": n}``: the production ``.py`` lines added by PR A and PR B in the first table of
+    ``build_series.py --sizes``; -1 where a row is missing."""
     sizes = {}
     for key, label in (("pr_a", "PR A"), ("pr_b", "PR B")):
-        m = re.search(rf"^\| \d+ {label} [^|]*\| \+(\d+) / −\d+ \|", out, flags=re.M)
+        m = re.search(rf"^\| \d+ {label} [^|]*\| \+(\d+) / −\d+ \|", table, flags=re.M)
         sizes[key] = int(m.group(1)) if m else -1
     return sizes
+
+
+def pr_sizes() -> dict[str, int]:
+    """:func:`parse_pr_sizes` of ``build_series.py --sizes`` (builds the series)."""
+    out = subprocess.run([sys.executable, str(ROOT / "upstream" / "build_series.py"), "--sizes"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return parse_pr_sizes(out)
 
 
 def main(argv: list[str] | None = None) -> int:
