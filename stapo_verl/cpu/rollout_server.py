@@ -16,6 +16,7 @@ import ctypes.util
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -210,6 +211,10 @@ class HFGenerator:
         self.rng = torch.Generator().manual_seed(int(seed))
         self.pad_to = int(pad_to)
         self.block_rows = int(block_rows)
+        #: blocks decoded, their rows that carried a request, their dummy rows (counted in :meth:`_generate_block`)
+        self.num_blocks = 0
+        self.real_rows = 0
+        self.padding_rows = 0
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_tokens: list[int], s: SamplingSettings,
@@ -245,6 +250,9 @@ class HFGenerator:
         """Decode up to ``rows`` requests as one block of exactly ``rows`` rows (dummy rows: own seed, one token)."""
         n_req = len(prompts)
         fill = rows - n_req
+        self.num_blocks += 1
+        self.real_rows += n_req
+        self.padding_rows += fill
         prompts = prompts + [prompts[0]] * fill
         max_tokens = max_tokens + [1] * fill
         seeds = seeds + [0] * fill
@@ -398,6 +406,8 @@ class CPURolloutServer:
         self._malloc_trim = glibc_malloc_trim()
         self.num_requests = 0
         self.num_batches = 0
+        self.generation_s = 0.0  # seconds the generation thread spent in HFGenerator.generate
+        self._reported: dict[str, float] = {}  # get_stats() at the last weight update (the per-step log line)
 
     # ------------------------------------------------------------------ lifecycle
     async def launch_server(self, **_kwargs) -> None:
@@ -505,9 +515,11 @@ class CPURolloutServer:
     def _run_batch(self, prompts, max_tokens, s, seeds):
         with self._lock:
             self.num_batches += 1
+            start = time.perf_counter()
             try:
                 return self.generator.generate(prompts, max_tokens, s, seeds)
             finally:
+                self.generation_s += time.perf_counter() - start
                 if self._malloc_trim is not None:
                     self._malloc_trim(0)
 
@@ -544,16 +556,32 @@ class CPURolloutServer:
         return len(state_dict)
 
     async def set_global_steps(self, global_steps: int) -> None:
-        """Record the policy version stamped into ``extra_fields['global_steps']`` (as ``vLLMHttpServer`` does)."""
+        """Record the policy version stamped into ``extra_fields['global_steps']`` (as ``vLLMHttpServer`` does).
+
+        Also prints one line of what was sampled since the previous call (requests, blocks, dummy rows, generation
+        seconds) to the server's stdout, which Ray forwards to the run's log (``train.log``; not the console).
+        """
+        stats = await self.get_stats()
+        delta = {k: v - self._reported.get(k, 0) for k, v in stats.items()}
+        self._reported = stats
+        if delta["num_requests"] or delta["num_blocks"]:
+            rows = delta["real_rows"] + delta["padding_rows"]
+            print(f"[cpu rollout] before step {int(global_steps)}: {delta['num_requests']} requests, "
+                  f"{delta['num_blocks']} blocks, {delta['padding_rows']} of {rows} rows padding, "
+                  f"generation {delta['generation_s']:.2f} s", flush=True)
         self.global_steps = int(global_steps)
 
     async def get_global_steps(self) -> int:
         """Current policy version."""
         return self.global_steps
 
-    async def get_stats(self) -> dict[str, int]:
-        """Counters for tests: requests served and batches run."""
-        return {"num_requests": self.num_requests, "num_batches": self.num_batches}
+    async def get_stats(self) -> dict[str, float]:
+        """Counters since launch: requests served, batches run, blocks decoded, their rows that carried a request and
+        their dummy rows (:class:`HFGenerator`), and the seconds spent generating."""
+        gen = self.generator
+        return {"num_requests": self.num_requests, "num_batches": self.num_batches,
+                "num_blocks": gen.num_blocks if gen else 0, "real_rows": gen.real_rows if gen else 0,
+                "padding_rows": gen.padding_rows if gen else 0, "generation_s": self.generation_s}
 
     # ------------------------------------------------------------------ control no-ops (verl.workers.rollout.replica.RolloutReplica)
     async def wake_up(self, tags: Optional[list[str]] = None):
