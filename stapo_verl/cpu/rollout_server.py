@@ -384,8 +384,9 @@ class CPURolloutServer:
     ``release_kv_cache``, ``resume_kv_cache``, ``start_profile``, ``stop_profile``.
     """
 
-    # How long the micro-batcher waits for concurrent requests to join a batch.
-    BATCH_WINDOW_S = 0.02
+    #: seconds without a new request after which a partly filled block is decoded anyway (:meth:`_drain`)
+    IDLE_GAP_S = 0.2
+    #: most requests one call of the generation thread decodes (whole blocks); the rest wait for the next call
     MAX_BATCH = 256
 
     def __init__(self, config, model_config, replica_rank: int = 0, node_rank: int = 0, **_kwargs):
@@ -400,6 +401,8 @@ class CPURolloutServer:
         self._lock = threading.Lock()
         self._pending: list[tuple[list[int], int, SamplingSettings, Optional[int], asyncio.Future]] = []
         self._batch_task: Optional[asyncio.Task] = None
+        self._arrived: Optional[asyncio.Event] = None  # set by every request; created with the _drain task
+        self._last_arrival = 0.0  # event-loop time of the latest request
         # Every batch runs on this one thread (not asyncio's default pool, whose threads each grow their own glibc
         # arena), and returns its freed memory afterwards (glibc_malloc_trim).
         self._generation_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-rollout-generate")
@@ -483,34 +486,80 @@ class CPURolloutServer:
         seed = request_seed(params)
         prompt_ids = [int(t) for t in prompt_ids]
         mt = derive_max_tokens(len(prompt_ids), self.prompt_length, self.response_length, self.max_model_len, params)
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._pending.append((prompt_ids, mt, s, seed, fut))
+        self._last_arrival = loop.time()
         if self._batch_task is None or self._batch_task.done():
+            self._arrived = asyncio.Event()
             self._batch_task = asyncio.create_task(self._drain())
+        self._arrived.set()
         toks, lps = await fut
         self.num_requests += 1
         return TokenOutput(token_ids=toks, log_probs=lps, stop_reason="completed",
                            extra_fields={"global_steps": int(self.global_steps)})
 
     async def _drain(self) -> None:
+        """Decode the pending requests, whole blocks first, until none is left (one task at a time).
+
+        A sampling-settings group with at least ``block_rows`` pending requests is decoded at once, in whole blocks
+        (at most :attr:`MAX_BATCH` requests a call); its remainder waits. A group with fewer waits until it fills a
+        block or no request has arrived for :attr:`IDLE_GAP_S` (the agent loop has handed over what it had), and is
+        then decoded as one partly filled block. verl's agent loop hands requests over one at a time (tens of ms of
+        its CPU each), so decoding what arrived within a short window ran blocks of mostly dummy rows.
+
+        Which requests share a block depends on timing; what a seeded request samples does not: every block has
+        ``block_rows`` rows and each seeded row draws from its own generator (:class:`HFGenerator`). Timing decides
+        the speed only.
+        """
+        loop = asyncio.get_running_loop()
         while self._pending:
-            await asyncio.sleep(self.BATCH_WINDOW_S)
-            batch, self._pending = self._pending[: self.MAX_BATCH], self._pending[self.MAX_BATCH:]
-            groups: dict[SamplingSettings, list] = {}
-            for item in batch:
-                groups.setdefault(item[2], []).append(item)
-            for s, items in groups.items():
+            idle = loop.time() - self._last_arrival >= self.IDLE_GAP_S
+            items = self._take(idle)
+            if not items:
+                self._arrived.clear()
                 try:
-                    res = await asyncio.get_running_loop().run_in_executor(
-                        self._generation_thread, self._run_batch, [i[0] for i in items], [i[1] for i in items], s,
-                        [i[3] for i in items])
-                    for item, r in zip(items, res):
-                        if not item[4].done():
-                            item[4].set_result(r)
-                except Exception as e:  # hand the error to every waiting request
-                    for item in items:
-                        if not item[4].done():
-                            item[4].set_exception(e)
+                    await asyncio.wait_for(self._arrived.wait(),
+                                           max(1e-3, self._last_arrival + self.IDLE_GAP_S - loop.time()))
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            try:
+                res = await loop.run_in_executor(self._generation_thread, self._run_batch, [i[0] for i in items],
+                                                 [i[1] for i in items], items[0][2], [i[3] for i in items])
+                for item, r in zip(items, res):
+                    if not item[4].done():
+                        item[4].set_result(r)
+            except Exception as e:  # hand the error to every waiting request
+                for item in items:
+                    if not item[4].done():
+                        item[4].set_exception(e)
+
+    def _take(self, idle: bool) -> list:
+        """Remove from the queue and return the requests to decode next (one settings group, arrival order).
+
+        Args:
+            idle: no request arrived for :attr:`IDLE_GAP_S`.
+        Returns:
+            the whole blocks of the first group (by first arrival) that fills one, at most :attr:`MAX_BATCH`
+            requests; else, when ``idle``, the first group's requests (at most :attr:`MAX_BATCH`); else ``[]``. With
+            ``block_rows=0`` (one block per call, not batch-invariant) a block is "full" at :attr:`MAX_BATCH`.
+        """
+        rows = self.generator.block_rows or self.MAX_BATCH
+        groups: dict[SamplingSettings, list[int]] = {}
+        for k, item in enumerate(self._pending):
+            groups.setdefault(item[2], []).append(k)
+        chosen: list[int] = []
+        for idx in groups.values():
+            if len(idx) >= rows:
+                chosen = idx[: max(rows, self.MAX_BATCH // rows * rows)][: len(idx) // rows * rows]
+                break
+        if not chosen and idle:
+            chosen = next(iter(groups.values()))[: self.MAX_BATCH]
+        taken = set(chosen)
+        items = [self._pending[k] for k in chosen]
+        self._pending = [item for k, item in enumerate(self._pending) if k not in taken]
+        return items
 
     def _run_batch(self, prompts, max_tokens, s, seeds):
         with self._lock:
