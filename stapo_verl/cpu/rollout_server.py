@@ -410,6 +410,7 @@ class CPURolloutServer:
         self.num_requests = 0
         self.num_batches = 0
         self.generation_s = 0.0  # seconds the generation thread spent in HFGenerator.generate
+        self.generation_cpu_s = 0.0  # CPU seconds of that thread in it
         self._reported: dict[str, float] = {}  # get_stats() at the last weight update (the per-step log line)
 
     # ------------------------------------------------------------------ lifecycle
@@ -564,11 +565,12 @@ class CPURolloutServer:
     def _run_batch(self, prompts, max_tokens, s, seeds):
         with self._lock:
             self.num_batches += 1
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             try:
                 return self.generator.generate(prompts, max_tokens, s, seeds)
             finally:
                 self.generation_s += time.perf_counter() - start
+                self.generation_cpu_s += time.thread_time() - start_cpu
                 if self._malloc_trim is not None:
                     self._malloc_trim(0)
 
@@ -617,7 +619,8 @@ class CPURolloutServer:
             rows = delta["real_rows"] + delta["padding_rows"]
             print(f"[cpu rollout] before step {int(global_steps)}: {delta['num_requests']} requests, "
                   f"{delta['num_blocks']} blocks, {delta['padding_rows']} of {rows} rows padding, "
-                  f"generation {delta['generation_s']:.2f} s", flush=True)
+                  f"generation {delta['generation_s']:.2f} s ({delta['generation_cpu_s']:.2f} CPU-s), "
+                  f"server process {delta['process_cpu_s']:.2f} CPU-s", flush=True)
         self.global_steps = int(global_steps)
 
     async def get_global_steps(self) -> int:
@@ -626,11 +629,13 @@ class CPURolloutServer:
 
     async def get_stats(self) -> dict[str, float]:
         """Counters since launch: requests served, batches run, blocks decoded, their rows that carried a request and
-        their dummy rows (:class:`HFGenerator`), and the seconds spent generating."""
+        their dummy rows (:class:`HFGenerator`), the seconds spent generating (wall and the generation thread's CPU)
+        and the CPU seconds of the whole server process."""
         gen = self.generator
         return {"num_requests": self.num_requests, "num_batches": self.num_batches,
                 "num_blocks": gen.num_blocks if gen else 0, "real_rows": gen.real_rows if gen else 0,
-                "padding_rows": gen.padding_rows if gen else 0, "generation_s": self.generation_s}
+                "padding_rows": gen.padding_rows if gen else 0, "generation_s": self.generation_s,
+                "generation_cpu_s": self.generation_cpu_s, "process_cpu_s": time.process_time()}
 
     # ------------------------------------------------------------------ control no-ops (verl.workers.rollout.replica.RolloutReplica)
     async def wake_up(self, tags: Optional[list[str]] = None):
