@@ -11,8 +11,8 @@ its last poll before exiting is lost (at most ``--poll`` seconds of it).
 
 Prints, per build: the median CPU-seconds per training step of each kind (steps without validation), with min-max over
 the repetitions' medians; the median wall split of a step (``timing_s/gen``, ``old_log_prob``, ``update_actor``, the
-rest); validation (``timing_s/testing``), start-up (launch to the first row, less validation 0), the report (last row to
-exit), the total; and the rollout server's padding rows per step (its ``[cpu rollout]`` log lines). ``--json`` writes
+rest); validation (``timing_s/testing``, which verl logs for the validations after a step, not for the one before
+training), start-up with validation 0 (launch to the first row), the report (last row to exit), the total; and the rollout server's padding rows per step (its ``[cpu rollout]`` log lines). ``--json`` writes
 every run's numbers.
 
 Usage::
@@ -126,7 +126,18 @@ def run_once(build: Path, venv: Path, run_dir: Path, overrides: list[str], poll:
 
 
 def summarise(run: dict) -> dict:
-    """Per-step medians of CPU by kind (steps without validation), the wall split, and the phases around the steps."""
+    """Per-step medians of CPU by kind (steps without validation), the wall split, and the phases around the steps.
+
+    Args:
+        run: :func:`run_once`'s result: ``snapshots`` ``[(seconds since launch, {kind: CPU-s})]``, one per
+            ``metrics.jsonl`` row and one at exit; ``rows`` the rows' data; ``padding`` ``[(requests, blocks, dummy
+            rows)]`` per weight update; ``wall``; ``load``.
+    Returns:
+        medians of ``cpu_per_step`` by kind and of the step's ``timing_s/*``; ``validation_total`` (the logged
+        validations), ``start_up_val0`` (launch to the first row: start-up and the validation before training),
+        ``steps_total``, ``report`` (last row to exit), ``wall``, ``padding_rows_per_step`` (median over the weight
+        updates with fewer than 640 requests, i.e. without validation), ``val_acc``, ``load``.
+    """
     rows, snaps = run["rows"], run["snapshots"]
     kinds = sorted({k for _, s in snaps for k in s})
     step_cpu: dict[str, list[float]] = {k: [] for k in kinds}
@@ -145,7 +156,7 @@ def summarise(run: dict) -> dict:
         "cpu_per_step": {k: statistics.median(v) for k, v in step_cpu.items() if v},
         "step": med("timing_s/step"), "gen": med("timing_s/gen"), "old_log_prob": med("timing_s/old_log_prob"),
         "update_actor": med("timing_s/update_actor"), "validation_total": val,
-        "start_up": first - rows[0].get("timing_s/testing", 0.0) if rows else 0.0,
+        "start_up_val0": first,
         "steps_total": sum(r["timing_s/step"] for r in steps), "report": run["wall"] - last, "wall": run["wall"],
         "padding_rows_per_step": statistics.median(train_pad) if train_pad else None,
         "val_acc": [r["val-core/math_dapo/acc/mean@1"] for r in rows if "val-core/math_dapo/acc/mean@1" in r],
@@ -190,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{label} {_spread(vals)}")
         print(f"  {k:<15} " + "   ".join(cells))
     print("wall, s (median of runs, min-max):")
-    for key in ("step", "gen", "old_log_prob", "update_actor", "steps_total", "validation_total", "start_up",
+    for key in ("step", "gen", "old_log_prob", "update_actor", "steps_total", "validation_total", "start_up_val0",
                 "report", "wall"):
         print(f"  {key:<17} " + "   ".join(f"{label} {_spread([s[key] for s in results[label]])}"
                                           for label, _ in builds))
