@@ -384,8 +384,11 @@ class CPURolloutServer:
     ``release_kv_cache``, ``resume_kv_cache``, ``start_profile``, ``stop_profile``.
     """
 
-    #: seconds without a new request after which a partly filled block is decoded anyway (:meth:`_drain`)
-    IDLE_GAP_S = 0.2
+    #: seconds without a new request after which a partly filled block is decoded anyway (:meth:`_drain`). On a
+    #: loaded machine the agent loop's requests paused for more than 0.2 s in 3-6 of a tiny run's 18 training steps
+    #: (each a partly filled block, costing a whole one); a request count that is not a multiple of the block waits
+    #: this long at the end of a generation.
+    IDLE_GAP_S = 0.5
     #: most requests one call of the generation thread decodes (whole blocks); the rest wait for the next call
     MAX_BATCH = 256
 
