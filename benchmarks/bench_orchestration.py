@@ -10,15 +10,15 @@ of each kind is snapshot, so a step's CPU is the difference between its row and 
 its last poll before exiting is lost (at most ``--poll`` seconds of it).
 
 Prints, per build: the median CPU-seconds per training step of each kind (steps without validation), with min-max over
-the repetitions' medians; the median wall split of a step (``timing_s/gen``, ``old_log_prob``, ``update_actor``, the
-rest); validation (``timing_s/testing``, which verl logs for the validations after a step, not for the one before
-training), start-up with validation 0 (launch to the first row), the report (last row to exit), the total; and the rollout server's padding rows per step (its ``[cpu rollout]`` log lines). ``--json`` writes
-every run's numbers.
+the repetitions' medians; the median wall split of a step (``timing_s/step``, ``gen``, ``old_log_prob``,
+``update_actor``); validation (``timing_s/testing``, which verl logs for the validations after a step, not for the one before
+training), start-up with validation 0 (launch to the first row), the report (last row to exit), the total; and the
+rollout server's padding rows per step (its ``[cpu rollout]`` log lines). ``--json`` writes every run's numbers.
 
 Usage::
 
     python benchmarks/bench_orchestration.py --build after=. --build before=/path/to/other/checkout --reps 2 \\
-        --out /tmp/orch [hydra overrides ...]
+        --out outputs/orchestration [hydra overrides ...]
 
 A build is a checkout: its ``recipes/`` run with its own ``stapo_verl`` first on ``PYTHONPATH`` and this checkout's
 ``.venv`` (``STAPO_VENV``). Each run gets a fresh run directory under ``--out``. The machine's load (1-minute load
