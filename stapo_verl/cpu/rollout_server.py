@@ -16,6 +16,7 @@ import ctypes.util
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -210,6 +211,10 @@ class HFGenerator:
         self.rng = torch.Generator().manual_seed(int(seed))
         self.pad_to = int(pad_to)
         self.block_rows = int(block_rows)
+        #: blocks decoded, their rows that carried a request, their dummy rows (counted in :meth:`_generate_block`)
+        self.num_blocks = 0
+        self.real_rows = 0
+        self.padding_rows = 0
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_tokens: list[int], s: SamplingSettings,
@@ -245,6 +250,9 @@ class HFGenerator:
         """Decode up to ``rows`` requests as one block of exactly ``rows`` rows (dummy rows: own seed, one token)."""
         n_req = len(prompts)
         fill = rows - n_req
+        self.num_blocks += 1
+        self.real_rows += n_req
+        self.padding_rows += fill
         prompts = prompts + [prompts[0]] * fill
         max_tokens = max_tokens + [1] * fill
         seeds = seeds + [0] * fill
@@ -376,8 +384,12 @@ class CPURolloutServer:
     ``release_kv_cache``, ``resume_kv_cache``, ``start_profile``, ``stop_profile``.
     """
 
-    # How long the micro-batcher waits for concurrent requests to join a batch.
-    BATCH_WINDOW_S = 0.02
+    #: seconds without a new request after which a partly filled block is decoded anyway (:meth:`_drain`). On a
+    #: loaded machine the agent loop's requests paused for more than 0.2 s in 3-6 of a tiny run's 18 training steps
+    #: (each a partly filled block, costing a whole one); a request count that is not a multiple of the block waits
+    #: this long at the end of a generation.
+    IDLE_GAP_S = 0.5
+    #: most requests one call of the generation thread decodes (whole blocks); the rest wait for the next call
     MAX_BATCH = 256
 
     def __init__(self, config, model_config, replica_rank: int = 0, node_rank: int = 0, **_kwargs):
@@ -392,12 +404,17 @@ class CPURolloutServer:
         self._lock = threading.Lock()
         self._pending: list[tuple[list[int], int, SamplingSettings, Optional[int], asyncio.Future]] = []
         self._batch_task: Optional[asyncio.Task] = None
+        self._arrived: Optional[asyncio.Event] = None  # set by every request; created with the _drain task
+        self._last_arrival = 0.0  # event-loop time of the latest request
         # Every batch runs on this one thread (not asyncio's default pool, whose threads each grow their own glibc
         # arena), and returns its freed memory afterwards (glibc_malloc_trim).
         self._generation_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpu-rollout-generate")
         self._malloc_trim = glibc_malloc_trim()
         self.num_requests = 0
         self.num_batches = 0
+        self.generation_s = 0.0  # seconds the generation thread spent in HFGenerator.generate
+        self.generation_cpu_s = 0.0  # CPU seconds of that thread in it
+        self._reported: dict[str, float] = {}  # get_stats() at the last weight update (the per-step log line)
 
     # ------------------------------------------------------------------ lifecycle
     async def launch_server(self, **_kwargs) -> None:
@@ -473,41 +490,92 @@ class CPURolloutServer:
         seed = request_seed(params)
         prompt_ids = [int(t) for t in prompt_ids]
         mt = derive_max_tokens(len(prompt_ids), self.prompt_length, self.response_length, self.max_model_len, params)
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._pending.append((prompt_ids, mt, s, seed, fut))
+        self._last_arrival = loop.time()
         if self._batch_task is None or self._batch_task.done():
+            self._arrived = asyncio.Event()
             self._batch_task = asyncio.create_task(self._drain())
+        self._arrived.set()
         toks, lps = await fut
         self.num_requests += 1
         return TokenOutput(token_ids=toks, log_probs=lps, stop_reason="completed",
                            extra_fields={"global_steps": int(self.global_steps)})
 
     async def _drain(self) -> None:
+        """Decode the pending requests, whole blocks first, until none is left (one task at a time).
+
+        A sampling-settings group with at least ``block_rows`` pending requests is decoded at once, in whole blocks
+        (at most :attr:`MAX_BATCH` requests a call); its remainder waits. A group with fewer waits until it fills a
+        block or no request has arrived for :attr:`IDLE_GAP_S` (the agent loop has handed over what it had), and is
+        then decoded as one partly filled block. verl's agent loop hands requests over one at a time (tens of ms of
+        its CPU each); decoding whatever had arrived within 20 ms (the earlier rule) ran a partly filled block or two
+        a step (the tiny run: 5-6 blocks and 32-64 dummy rows for its 128 requests, against 4 and 0 now; a block
+        costs the same whatever its number of real rows).
+
+        Which requests share a block depends on timing; what a seeded request samples does not: every block has
+        ``block_rows`` rows and each seeded row draws from its own generator (:class:`HFGenerator`). Timing decides
+        the speed only.
+        """
+        loop = asyncio.get_running_loop()
         while self._pending:
-            await asyncio.sleep(self.BATCH_WINDOW_S)
-            batch, self._pending = self._pending[: self.MAX_BATCH], self._pending[self.MAX_BATCH:]
-            groups: dict[SamplingSettings, list] = {}
-            for item in batch:
-                groups.setdefault(item[2], []).append(item)
-            for s, items in groups.items():
+            idle = loop.time() - self._last_arrival >= self.IDLE_GAP_S
+            items = self._take(idle)
+            if not items:
+                self._arrived.clear()
                 try:
-                    res = await asyncio.get_running_loop().run_in_executor(
-                        self._generation_thread, self._run_batch, [i[0] for i in items], [i[1] for i in items], s,
-                        [i[3] for i in items])
-                    for item, r in zip(items, res):
-                        if not item[4].done():
-                            item[4].set_result(r)
-                except Exception as e:  # hand the error to every waiting request
-                    for item in items:
-                        if not item[4].done():
-                            item[4].set_exception(e)
+                    await asyncio.wait_for(self._arrived.wait(),
+                                           max(1e-3, self._last_arrival + self.IDLE_GAP_S - loop.time()))
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            try:
+                res = await loop.run_in_executor(self._generation_thread, self._run_batch, [i[0] for i in items],
+                                                 [i[1] for i in items], items[0][2], [i[3] for i in items])
+                for item, r in zip(items, res):
+                    if not item[4].done():
+                        item[4].set_result(r)
+            except Exception as e:  # hand the error to every waiting request
+                for item in items:
+                    if not item[4].done():
+                        item[4].set_exception(e)
+
+    def _take(self, idle: bool) -> list:
+        """Remove from the queue and return the requests to decode next (one settings group, arrival order).
+
+        Args:
+            idle: no request arrived for :attr:`IDLE_GAP_S`.
+        Returns:
+            the whole blocks of the first group (by first arrival) that fills one, at most :attr:`MAX_BATCH`
+            requests; else, when ``idle``, the first group's requests (at most :attr:`MAX_BATCH`); else ``[]``. With
+            ``block_rows=0`` (one block per call, not batch-invariant) a block is "full" at :attr:`MAX_BATCH`.
+        """
+        rows = self.generator.block_rows or self.MAX_BATCH
+        groups: dict[SamplingSettings, list[int]] = {}
+        for k, item in enumerate(self._pending):
+            groups.setdefault(item[2], []).append(k)
+        chosen: list[int] = []
+        for idx in groups.values():
+            if len(idx) >= rows:
+                chosen = idx[: max(rows, self.MAX_BATCH // rows * rows)][: len(idx) // rows * rows]
+                break
+        if not chosen and idle:
+            chosen = next(iter(groups.values()))[: self.MAX_BATCH]
+        taken = set(chosen)
+        items = [self._pending[k] for k in chosen]
+        self._pending = [item for k, item in enumerate(self._pending) if k not in taken]
+        return items
 
     def _run_batch(self, prompts, max_tokens, s, seeds):
         with self._lock:
             self.num_batches += 1
+            start, start_cpu = time.perf_counter(), time.thread_time()
             try:
                 return self.generator.generate(prompts, max_tokens, s, seeds)
             finally:
+                self.generation_s += time.perf_counter() - start
+                self.generation_cpu_s += time.thread_time() - start_cpu
                 if self._malloc_trim is not None:
                     self._malloc_trim(0)
 
@@ -544,16 +612,35 @@ class CPURolloutServer:
         return len(state_dict)
 
     async def set_global_steps(self, global_steps: int) -> None:
-        """Record the policy version stamped into ``extra_fields['global_steps']`` (as ``vLLMHttpServer`` does)."""
+        """Record the policy version stamped into ``extra_fields['global_steps']`` (as ``vLLMHttpServer`` does).
+
+        Also prints one line of what was sampled since the previous call (requests, blocks, dummy rows, generation
+        seconds) to the server's stdout, which Ray forwards to the run's log (``train.log``; not the console).
+        """
+        stats = await self.get_stats()
+        delta = {k: v - self._reported.get(k, 0) for k, v in stats.items()}
+        self._reported = stats
+        if delta["num_requests"] or delta["num_blocks"]:
+            rows = delta["real_rows"] + delta["padding_rows"]
+            print(f"[cpu rollout] before step {int(global_steps)}: {delta['num_requests']} requests, "
+                  f"{delta['num_blocks']} blocks, {delta['padding_rows']} of {rows} rows padding, "
+                  f"generation {delta['generation_s']:.2f} s ({delta['generation_cpu_s']:.2f} CPU-s), "
+                  f"server process {delta['process_cpu_s']:.2f} CPU-s", flush=True)
         self.global_steps = int(global_steps)
 
     async def get_global_steps(self) -> int:
         """Current policy version."""
         return self.global_steps
 
-    async def get_stats(self) -> dict[str, int]:
-        """Counters for tests: requests served and batches run."""
-        return {"num_requests": self.num_requests, "num_batches": self.num_batches}
+    async def get_stats(self) -> dict[str, float]:
+        """Counters since launch: requests served, batches run, blocks decoded, their rows that carried a request and
+        their dummy rows (:class:`HFGenerator`), the seconds spent generating (wall and the generation thread's CPU)
+        and the CPU seconds of the whole server process."""
+        gen = self.generator
+        return {"num_requests": self.num_requests, "num_batches": self.num_batches,
+                "num_blocks": gen.num_blocks if gen else 0, "real_rows": gen.real_rows if gen else 0,
+                "padding_rows": gen.padding_rows if gen else 0, "generation_s": self.generation_s,
+                "generation_cpu_s": self.generation_cpu_s, "process_cpu_s": time.process_time()}
 
     # ------------------------------------------------------------------ control no-ops (verl.workers.rollout.replica.RolloutReplica)
     async def wake_up(self, tags: Optional[list[str]] = None):

@@ -432,7 +432,7 @@ def dry_run(overrides: list[str], out: TextIO | None = None) -> DryRunReport:
     steps: tuple[tuple[str, Callable[[Any], str | Check]], ...] = (
         ("verl version", _check_verl_version),
         ("hydra compose (main_ppo's config)", compose),
-        ("override types (each value of the type its key wants)", override_types),
+        ("override types (each value of the type its key wants; sizes, lengths, counts > 0)", override_types),
         ("plugin import + entry point + verl version", _check_plugin),
         ("main_ppo.main: auto_set_device + validate_config + run_ppo up to ray.init", lambda c: _run_main(c, report)),
         ("loss mode registered", _check_loss_registered),

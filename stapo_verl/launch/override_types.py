@@ -1,4 +1,5 @@
-"""Every override's value against the type the composed config wants for its key, before Ray.
+"""Every override's value against the type the composed config wants for its key, before Ray; and every size, length
+or count key (:data:`POSITIVE_KEYS`) against zero and negative values.
 
 Hydra composes ``trainer.total_training_steps=abc`` without a word: the key's default is ``null`` in verl's
 ``ppo_trainer.yaml``, and an untyped ``DictConfig`` node takes any value. verl reads it much later, in the TaskRunner
@@ -43,6 +44,49 @@ NULL_DEFAULT_TYPES: types.MappingProxyType = types.MappingProxyType({
     "data.seed": int,
 })
 
+_A, _R, _C = "actor_rollout_ref.actor", "actor_rollout_ref.rollout", "actor_rollout_ref.ref"
+#: sizes, lengths and counts verl needs positive: ``key -> null allowed`` (null: "unset", verl derives the value or
+#: uses another key). verl 0.9.1 reads none of them as "off" at 0 or -1: a zero or negative value either fails late,
+#: after Ray and the workers are up (a batch split by zero, an empty dataloader, a prompt budget no prompt fits), or
+#: trains nothing. Keys that do take -1 or 0 for "off" (``trainer.test_freq``, ``trainer.save_freq``,
+#: ``rollout.top_k``, ``data.val_max_samples``) are not here.
+POSITIVE_KEYS: types.MappingProxyType = types.MappingProxyType({
+    "data.train_batch_size": False,
+    "data.val_batch_size": True,
+    "data.gen_batch_size": True,
+    "data.max_prompt_length": False,
+    "data.max_response_length": False,
+    f"{_A}.ppo_mini_batch_size": False,
+    f"{_A}.ppo_micro_batch_size": True,
+    f"{_A}.ppo_micro_batch_size_per_gpu": True,
+    f"{_A}.ppo_max_token_len_per_gpu": False,
+    f"{_A}.ppo_epochs": False,
+    f"{_R}.n": False,
+    f"{_R}.val_kwargs.n": False,
+    f"{_R}.prompt_length": False,
+    f"{_R}.response_length": False,
+    f"{_R}.tensor_model_parallel_size": False,
+    f"{_R}.log_prob_micro_batch_size": True,
+    f"{_R}.log_prob_micro_batch_size_per_gpu": True,
+    f"{_R}.log_prob_max_token_len_per_gpu": False,
+    f"{_R}.agent.num_workers": False,
+    f"{_C}.log_prob_micro_batch_size": True,
+    f"{_C}.log_prob_micro_batch_size_per_gpu": True,
+    f"{_C}.log_prob_max_token_len_per_gpu": False,
+    f"{_A}.megatron.tensor_model_parallel_size": False,
+    f"{_A}.megatron.pipeline_model_parallel_size": False,
+    f"{_A}.megatron.context_parallel_size": False,
+    "critic.ppo_mini_batch_size": False,
+    "critic.ppo_micro_batch_size_per_gpu": True,
+    "critic.ppo_max_token_len_per_gpu": False,
+    "critic.ppo_epochs": False,
+    "reward.num_workers": False,
+    "trainer.total_epochs": False,
+    "trainer.total_training_steps": True,
+    "trainer.nnodes": False,
+    "trainer.n_gpus_per_node": False,
+})
+
 #: what a message calls each type, and a value of it for the fix when the key's default is null
 _NAMES = types.MappingProxyType({int: "an integer", float: "a number", bool: "a boolean (True/False)",
                                  str: "a string", list: "a list ([a,b])", dict: "a mapping ({k:v})"})
@@ -61,6 +105,31 @@ class OverrideTypeError(ValueError):
         self.key, self.value, self.wanted, self.fix = key, value, wanted, fix
         super().__init__(f"{key}={_show(value)} is {_kind(value)}; {key} wants {_NAMES[wanted]} ({source}). "
                          f"Fix: {fix}")
+
+
+class OverrideValueError(OverrideTypeError):
+    """A size, length or count override (:data:`POSITIVE_KEYS`) that is zero or negative; the message names the key,
+    the value, what is allowed and a fix that passes :func:`check_override_types`.
+
+    Attributes:
+        key: the dotted key. value: the value given. fix: the override that fixes it.
+    """
+
+    def __init__(self, key: str, value, nullable: bool, fix: str):
+        self.key, self.value, self.wanted, self.fix = key, value, int, fix
+        allowed = "a positive integer" + (" or null (unset)" if nullable else "")
+        ValueError.__init__(self, f"{key}={_show(value)}: {key} is a size, length or count, allowed: {allowed}. "
+                                  f"Fix: {fix}")
+
+
+def positive_fix(key: str, default) -> str:
+    """An override that passes the positive check: verl's default when it is a positive integer (or null for a
+    nullable key), else ``1``."""
+    if default is None and POSITIVE_KEYS.get(key):
+        return f"{key}=null (the default) or a positive integer"
+    if isinstance(default, int) and not isinstance(default, bool) and default > 0:
+        return f"{key}={default} (the default)"
+    return f"{key}=1 or another positive integer"
 
 
 def _show(value) -> str:
@@ -259,16 +328,34 @@ def check_override_types(overrides: list[str], config, defaults) -> int:
         How many overrides were checked against a type.
     Raises:
         OverrideTypeError: naming the key, the value, the type wanted, where the type comes from and the fix.
+        OverrideValueError: (a subclass) a key of :data:`POSITIVE_KEYS` set to zero or less, naming the key, the
+            value, what is allowed and the fix.
     """
     checked = 0
     for o in _value_overrides(overrides):
         wanted, source, default = wanted_type(config, defaults, o.key)
-        if wanted is None:
-            continue
-        checked += 1
-        if not accepts(wanted, o.value):
-            raise OverrideTypeError(o.key, o.value, wanted, source, fix_for(o.key, wanted, default))
+        if wanted is not None:
+            checked += 1
+            if not accepts(wanted, o.value):
+                raise OverrideTypeError(o.key, o.value, wanted, source, fix_for(o.key, wanted, default))
+        number = _number(o.value)
+        if o.key in POSITIVE_KEYS and number is not None and number <= 0:
+            raise OverrideValueError(o.key, o.value, POSITIVE_KEYS[o.key], positive_fix(o.key, default))
     return checked
+
+
+def _number(value) -> float | None:
+    """``value`` as a number (an int, a float or a string ``float()`` reads; not a bool), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
 
 
 def check_composed(overrides: list[str], config) -> int:

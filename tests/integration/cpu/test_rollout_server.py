@@ -370,3 +370,58 @@ def test_server_honours_the_request_seed(tiny_model_dir):
     for bad in (-1, 2**63, 1.5, "3", True):
         with pytest.raises(ValueError, match="sampling_params\\['seed'\\]"):
             asyncio.run(s.generate(prompt_ids=prompts[0], sampling_params={**params, "seed": bad}, request_id="x"))
+
+
+def test_requests_handed_over_one_at_a_time_fill_whole_blocks_and_sample_as_alone(tiny_model_dir):
+    """Requests that arrive one at a time (5 ms apart, as verl's agent loop hands them over) are decoded in whole
+    blocks: 40 requests make one full block of 32 and, once no request has arrived for ``IDLE_GAP_S``, one block of
+    8 (24 dummy rows, where decoding what arrived within a short window ran up to 40 blocks). Each request's tokens
+    and log-probs equal the same request served alone (one real row and 31 dummy rows)."""
+    path, _, prompts = tiny_model_dir
+    many = (prompts * 7)[:40]
+    s = _server(path)
+    s.IDLE_GAP_S = 2.0  # far above the 5 ms between requests, also on a loaded machine
+    params = dict(temperature=1.0, logprobs=True)
+
+    async def one_at_a_time():
+        async def one(i, p):
+            await asyncio.sleep(0.005 * i)
+            return await s.generate(prompt_ids=p, sampling_params={**params, "seed": 500 + i}, request_id=str(i))
+        return await asyncio.gather(*[one(i, p) for i, p in enumerate(many)])
+
+    _gen(s, prompts[:1], **params, seed=1)  # the first request's imports take longer than the 40 arrivals
+    before = asyncio.run(s.get_stats())
+    outs = asyncio.run(one_at_a_time())
+    stats = {k: v - before[k] for k, v in asyncio.run(s.get_stats()).items()}
+    assert (stats["num_requests"], stats["num_batches"], stats["num_blocks"]) == (40, 2, 2)
+    assert (stats["real_rows"], stats["padding_rows"]) == (40, 24)
+    alone = _server(path)
+    for i in (0, 17, 31, 39):  # from the full block (first, middle, last row) and from the partial one
+        a = asyncio.run(alone.generate(prompt_ids=many[i], sampling_params={**params, "seed": 500 + i},
+                                       request_id="alone"))
+        assert (a.token_ids, a.log_probs) == (outs[i].token_ids, outs[i].log_probs), i
+        assert len(a.token_ids) >= 1
+    alone_stats = asyncio.run(alone.get_stats())
+    assert (alone_stats["num_blocks"], alone_stats["real_rows"], alone_stats["padding_rows"]) == (4, 4, 124)
+
+
+def test_a_settings_group_that_fills_a_block_goes_first_and_the_rest_waits(tiny_model_dir):
+    """The queue policy alone (``CPURolloutServer._take``): whole blocks of the first group that fills one, at most
+    ``MAX_BATCH`` requests; a partial group only once idle."""
+    path, _, prompts = tiny_model_dir
+    s = _server(path)
+    R = s.generator.block_rows
+    hot, greedy = SamplingSettings(temperature=1.0), SamplingSettings(temperature=0.0)
+    s._pending = ([(prompts[0], 4, greedy, None, k) for k in range(5)]
+                  + [(prompts[0], 4, hot, k, k) for k in range(R - 1)])
+    assert s._take(idle=False) == [] and len(s._pending) == R + 4  # no group fills a block: all wait
+    s._pending += [(prompts[0], 4, hot, k, k) for k in range(R - 1, R + 3)]
+    full = s._take(idle=False)
+    assert [i[3] for i in full] == list(range(R)) and all(i[2] == hot for i in full)
+    assert s._take(idle=False) == []
+    assert [i[2] for i in s._take(idle=True)] == [greedy] * 5  # the first group by arrival, when idle
+    assert [i[3] for i in s._take(idle=True)] == [R, R + 1, R + 2]
+    assert s._pending == []
+    s._pending = [(prompts[0], 4, hot, k, k) for k in range(s.MAX_BATCH + 2 * R + 1)]
+    assert len(s._take(idle=False)) == s.MAX_BATCH and len(s._take(idle=False)) == 2 * R
+    assert len(s._take(idle=True)) == 1

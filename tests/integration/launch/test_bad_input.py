@@ -176,9 +176,43 @@ def test_an_override_of_the_wrong_type_is_one_line_before_ray(tmp_path, capsys, 
     assert failed[0].startswith("override types") and f"{KEY}.s2t_tau_p='abc' is a string" in failed[2]
 
 
+@pytest.mark.parametrize("key,value,allowed,fix", [
+    ("data.max_prompt_length", "-5", "a positive integer", "data.max_prompt_length=512 (the default)"),
+    ("data.max_response_length", "0", "a positive integer", "data.max_response_length=512 (the default)"),
+    ("data.train_batch_size", "-1", "a positive integer", "data.train_batch_size=1024 (the default)"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", "0", "a positive integer",
+     "actor_rollout_ref.actor.ppo_mini_batch_size=256 (the default)"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "0", "a positive integer or null (unset)",
+     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null (the default) or a positive integer"),
+    ("actor_rollout_ref.rollout.n", "0", "a positive integer", "actor_rollout_ref.rollout.n=1 (the default)"),
+    ("trainer.total_training_steps", "-3", "a positive integer or null (unset)",
+     "trainer.total_training_steps=null (the default) or a positive integer"),
+    ("trainer.total_epochs", "0", "a positive integer", "trainer.total_epochs=30 (the default)"),
+])
+def test_a_size_length_or_count_at_zero_or_below_is_one_line_before_ray(tmp_path, capsys, never_trains, key, value,
+                                                                        allowed, fix):
+    """``data.max_prompt_length=-5`` passed the dry run (the memory plan computed with it) and reached the tiny
+    launcher's data check as "4000 of 4000 prompts are longer than -5 tokens"; every size, length or count key verl
+    needs positive is now one config error naming the key, the value, what is allowed and the fix, before the data
+    is read, and the dry run fails on it too."""
+    from stapo_verl.launch.dryrun import dry_run
+
+    files = _parquet(tmp_path / "train.parquet"), _parquet(tmp_path / "val.parquet")
+    assert _main(tmp_path, _overrides(*files, f"{key}={value}")) == EXIT_CONFIG
+    assert _one_error(capsys) == (f"[stapo recipe] ERROR: invalid config: {key}={value}: {key} is a size, length or "
+                                  f"count, allowed: {allowed}. Fix: {fix}")
+    if key == "data.max_prompt_length":
+        out = io.StringIO()
+        report = dry_run(_overrides(*files, f"{key}={value}"), out=out)
+        (failed,) = [s for s in report.steps if s[1] == "FAIL"]
+        assert not report.ok and failed[0].startswith("override types"), report.steps
+        assert f"{key}={value}: {key} is a size, length or count, allowed: {allowed}. Fix: {fix}" in failed[2]
+
+
 @pytest.mark.parametrize("bad", [f"{KEY}.tau_p=-1", f"{KEY}.tau_p=0.05", f"{KEY}.s2t_tau_p=0",
                                  "trainer.total_training_steps=abc", "actor_rollout_ref.actor.ppo_mini_batch_size=x",
-                                 "trainer.total_epochs=1.5"])
+                                 "trainer.total_epochs=1.5", "data.max_prompt_length=-5",
+                                 "actor_rollout_ref.rollout.n=0", "trainer.total_training_steps=0"])
 def test_every_suggested_fix_passes_the_check(tmp_path, capsys, never_trains, bad):
     """Each ``key=value`` after "Fix:" in the error line, put in place of the bad override, gives a config the
     launcher accepts (the renamed key's message once suggested the refused value under the new name)."""
