@@ -445,6 +445,56 @@ def row_of(record: dict) -> dict:
     return row
 
 
+INTERIM = REPO / "benchmarks" / "results" / "offpolicy" / "planted_mb4_lr2e-4_interim"
+
+
+def verl_interim(arm: str, interim: Path = INTERIM) -> dict:
+    """The verl-path seed-1 run of ``arm`` to step 40 (interim records): ``{"val": {step: acc}, "p_j": {step: p},
+    "metrics": {step: {key: value}}}``."""
+    metrics = {}
+    for line in (interim / f"{arm}_seed1.steps0-40.metrics.jsonl").read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            metrics.setdefault(int(row["step"]), {}).update(row["data"])
+    pj = json.loads((interim / f"{arm}_seed1.planted_measure.json").read_text())["p_j"]
+    return {"val": {s: m[VAL_KEY] for s, m in metrics.items() if VAL_KEY in m},
+            "p_j": {int(s): v["p_j_clean"] for s, v in pj.items()}, "metrics": metrics}
+
+
+def gate(store: Path, arms=("vanilla", "stapo"), spread_seeds=(1, 2, 3), setting="planted_mb4_lr2e-4_steps40",
+         interim: Path = INTERIM) -> dict:
+    """The 40-step parity gate (docs/results.md, the amendment): per arm and point (validation at 0/20/40, p(J) at
+    the clean slots at 10-40), the verl path's seed-1 value, the lean loop's seed-1 value, the lean ``vanilla`` seeds'
+    range (``spread_seeds``) and whether the point passes: the verl value inside that range widened by 2 se of each
+    side (validation), or |lean - verl| <= the range's width. Returns ``{arm: [row, ...]}``; rows
+    ``{"what", "step", "verl", "lean", "lo", "hi", "se", "ok"}``."""
+    spread = [read_record(result_path(store, setting, "vanilla", s)) for s in spread_seeds
+              if result_path(store, setting, "vanilla", s).exists()]
+    out = {}
+    for arm in arms:
+        path = result_path(store, setting, arm, 1)
+        if not path.exists():
+            continue
+        lean, verl = read_record(path), verl_interim(arm, interim)
+        rows = []
+        for what, steps in (("val", (0, 20, 40)), ("p_j", (10, 20, 30, 40))):
+            for step in steps:
+                if what == "val":
+                    lv = lean["metrics"][step][VAL_KEY]
+                    se = lean["metrics"][step]["val/se"]
+                    vals = [r["metrics"][step][VAL_KEY] for r in spread]
+                else:
+                    lv, se = lean["planted"]["p_j"][step]["p_j_clean"], 0.0
+                    vals = [r["planted"]["p_j"][step]["p_j_clean"] for r in spread]
+                vv = verl[what][step]
+                lo, hi = min(vals), max(vals)
+                ok = (lo - 2 * se * math.sqrt(2) <= vv <= hi + 2 * se * math.sqrt(2)) or abs(lv - vv) <= hi - lo
+                rows.append({"what": what, "step": step, "verl": vv, "lean": lv, "lo": lo, "hi": hi, "se": se,
+                             "ok": ok})
+        out[arm] = rows
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--setting", default=None, help=f"known: {list(SETTINGS)}")
@@ -458,7 +508,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="shorter runs (written under --store/<setting>_steps<N>)")
     ap.add_argument("--rerun", default=None, metavar="ARM:SEED", help="run a finished run again, count differences")
     ap.add_argument("--report", action="store_true", help="the table of the finished runs of --setting")
+    ap.add_argument("--gate", action="store_true", help="the 40-step parity gate against the verl path's interim pair")
     a = ap.parse_args(argv)
+    if a.gate:
+        for arm, rows in gate(a.store).items():
+            for r in rows:
+                print(f"{arm} {r['what']} step {r['step']}: verl {r['verl']:.4g}, lean {r['lean']:.4g}, lean vanilla "
+                      f"seeds [{r['lo']:.4g}, {r['hi']:.4g}], se {r['se']:.3g}: {'pass' if r['ok'] else 'FAIL'}")
+        return 0
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if a.order:
         order = run_order()
