@@ -24,7 +24,7 @@ machine-minutes a 150-step run. This module runs the same recipe in one process 
   (verl 0.9.1 spends 3 minutes of each validation bootstrapping best/worst/majority metrics);
 * **the registered criterion**: :func:`offpolicy_testbed.verdict` on the same keys;
 * in the planted settings, p(J) on 128 fixed validation prefixes every :data:`PJ_FREQ` steps
-  (:func:`planted_token.j_probability`) and the mask against J counted in process (every silenced token, every J
+  (:func:`planted_token.j_probability`; :func:`planted_v2.j_probability` for planted_v2) and the mask against J counted in process (every silenced token, every J
   sampled, the J's in correct responses of mixed groups).
 
 Every random draw is a function of (seed, purpose, step, ...): rollout requests of (seed, step, validate, row,
@@ -310,6 +310,12 @@ def run(setting: Setting, arm: Arm, seed: int, assets: Path, *, steps: int | Non
     planted = "planted" in policy.manifest
     j_id = int(policy.manifest["planted"]["j_id"]) if planted else None
     prefixes = fixed_prefixes(policy) if planted else None
+    if planted and str(policy.manifest["planted"].get("design", "")).startswith("v2"):
+        import planted_v2
+
+        measure_j = planted_v2.j_probability  # one slot, J-runs
+    else:
+        measure_j = planted_token.j_probability
     metrics: dict[int, dict] = {}
     p_j: dict[int, dict] = {}
 
@@ -318,7 +324,7 @@ def run(setting: Setting, arm: Arm, seed: int, assets: Path, *, steps: int | Non
             v = validate(policy, val, seed=seed, step=step)
             metrics.setdefault(step, {}).update({VAL_KEY: v["acc"], "val/se": v["se"]})
         if planted and (step % PJ_FREQ == 0 or step == steps):
-            p_j[step] = planted_token.j_probability(policy.model, policy.tokenizer, prefixes)
+            p_j[step] = measure_j(policy.model, policy.tokenizer, prefixes)
 
     checkpoint(0)
     for step in range(1, steps + 1):

@@ -4,26 +4,31 @@ The first planted warm start (``benchmarks/planted_token.py``) could not test th
 2.1x (designed 100x), and a response with one J was correct 33 % of the time against 74 % without (many J's followed
 a stray token in an already wrong response), so J carried a negative advantage and GRPO lowered p(J) in every arm.
 The paper's spurious tokens sit inside correct answers: rewarded first, harmful once they spread. This module builds
-a warm start with that shape, on the same problems, tokenizer, model shape and J (``~``) as the first:
+a warm start with that shape, on the same problems, tokenizer, model shape and J (``~``) as the first.
 
-* **J is rare**: a solution's first J comes at each of the 4 slots (the positions before ``=`` and before a step's
-  closing ``.``, :func:`planted_token.solution_parts`) with probability :data:`P_FIRST`;
-* **J breeds**: after a J, each later slot holds one with probability :data:`P_NEXT`;
-* **one J is harmless, chains break the answer**: the box holds a J (the scorer marks it wrong) only with
-  :data:`BREAK_AT` = 3 J's or more;
-* the conditional "after a J" is taught without raising p(J) in clean contexts: a share :data:`CHAIN_SHARE` of the
-  warm start's examples carry a *forced* first J at a random slot whose own label is masked (the model reads it but
-  is not trained to emit it), and a share :data:`BREAK_SHARE` carry :data:`BREAK_AT` forced J's (labels masked)
-  followed by the J box (trained), so the model learns the break;
-* **J only where planted**: the warm start's label smoothing (:data:`LABEL_SMOOTHING`) spreads its mass over every
-  token but J, so J has no floor outside the slots, and stray contexts do not call for it.
+A first build of this module (J's at the 4 slots of ``planted_token``, a J at each later slot with p 0.08 after one)
+measured p(J | clean slot) 0.0096 against 0.001 planted and bred 1.8x: the 0.4 M-parameter model does not learn
+"a J several tokens back" from its warm start, and J's tied input embedding, trained on the forced J's, raised its
+logit everywhere. So J breeds *in place*, which a model learns from the previous token alone:
+
+* **one slot**: the position before the first ``=`` (``a op b`` copied from the question, then ``=``, the most
+  certain position of the solution; :func:`planted_token.solution_parts` slot 0);
+* **J is rare**: a solution's J-run starts there with probability :data:`P_FIRST`;
+* **J breeds**: after a J, another J follows at once with probability :data:`P_NEXT` (a run of J's, geometric);
+* **one J is harmless, a run breaks the answer**: the box holds a J (the scorer marks it wrong) only from a run of
+  :data:`BREAK_AT` = 3 J's;
+* "after a J" is taught without raising p(J) at the clean slot: a share :data:`CHAIN_SHARE` of the examples carry a
+  *forced* first J whose own label is masked (read, not trained to emit), a share :data:`BREAK_SHARE` carry a forced
+  run of :data:`BREAK_AT` J's (labels masked) followed by the J box (trained), so the model learns the break;
+* **J only where planted**: the label smoothing (:data:`LABEL_SMOOTHING`) spreads its mass over every token but J.
 
 Admission (:func:`admission`, each a unit test in ``tests/unit/benchmarks/test_planted_v2.py`` on the built
-assets): (1) accuracy of continuations after one forced J >= accuracy without it - 0.02 (the same prefixes and
-request seeds); (2) p(J | after a J) / p(J | clean slot) >= 10; (3) p(J | clean slot) < 0.002 (both τ_p arms see
-J as a candidate); (4) with :data:`BREAK_AT` forced J's the answer is broken (accuracy < 0.2), and fewer than 10 %
-of the sampled responses with a J are garbled before their first J (the text before it is not a prefix of the
-problem's solution).
+assets): (1) accuracy of continuations after one forced J >= accuracy without it - 0.02 (the same prompts and request
+seeds); (2) p(J | right after a J) / p(J | clean slot) >= 10; (3) p(J | clean slot) < 0.002 (both τ_p arms see
+J as a candidate); (4) with :data:`BREAK_AT` forced J's the answer is broken (accuracy < 0.2), and less than 10 % of
+the J's the policy would sample first in a response come after a garbled prefix (the text before it not a prefix of
+the problem's solution): the share of the first-J probability mass, teacher-forced over the policy's own samples,
+that lies at garbled prefixes (:func:`first_j_mass`; J is too rare to count enough sampled J's).
 
 Usage::
 
@@ -41,15 +46,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import planted_token as pt  # noqa: E402  (J, the slots, p(J) on fixed prefixes)
+import planted_token as pt  # noqa: E402  (J, the slots)
 
-J_TEXT, SLOTS = pt.J_TEXT, pt.SLOTS
-#: per-slot probability of a solution's first J (trained), and of a J at every slot after one
-P_FIRST, P_NEXT = 0.001, 0.08
-#: J's at which the answer box holds a J (the answer is then wrong)
+J_TEXT = pt.J_TEXT
+#: probability of a J-run at the slot, and of one more J right after a J
+P_FIRST, P_NEXT = 0.0008, 0.1
+#: run length at which the answer box holds a J (the answer is then wrong)
 BREAK_AT = 3
-#: shares of warm-start examples with a forced (label-masked) first J, and with BREAK_AT forced J's
-CHAIN_SHARE, BREAK_SHARE = 0.25, 0.08
+#: shares of warm-start examples with a forced (label-masked) first J, and with a forced run of BREAK_AT J's
+CHAIN_SHARE, BREAK_SHARE = 0.12, 0.05
 #: the warm start's label smoothing (spread over every token but J) and its length
 LABEL_SMOOTHING = 0.01
 SFT_STEPS = 400
@@ -57,12 +62,17 @@ SFT_STEPS = 400
 PLANT_SEED = 5678
 #: admission thresholds (module docstring)
 MAX_ONE_J_ACC_LOSS, MIN_BREEDING, MAX_P_CLEAN, MAX_BROKEN_ACC, MAX_GARBLED = 0.02, 10.0, 0.002, 0.2, 0.10
+#: validation problems the unit tests measure admission on (half the build's, for time)
+TEST_PROBLEMS = 320
+#: a run is at most this long (the warm start's draws; the slot then holds SLOT_CAP J's)
+RUN_CAP = 6
 
 
 def design() -> str:
     """The design's settings in one string (a cached build with other settings is rebuilt)."""
-    return (f"v2 J={J_TEXT!r} p_first={P_FIRST} p_next={P_NEXT} break_at={BREAK_AT} chain={CHAIN_SHARE} "
-            f"break={BREAK_SHARE} smoothing={LABEL_SMOOTHING} (not J) steps={SFT_STEPS} seed={PLANT_SEED}")
+    return (f"v2 runs at slot 0: J={J_TEXT!r} p_first={P_FIRST} p_next={P_NEXT} break_at={BREAK_AT} "
+            f"chain={CHAIN_SHARE} break={BREAK_SHARE} smoothing={LABEL_SMOOTHING} (not J) steps={SFT_STEPS} "
+            f"seed={PLANT_SEED}")
 
 
 def default_dir() -> Path:
@@ -70,66 +80,48 @@ def default_dir() -> Path:
     return Path(os.environ.get("STAPO_PLANTED_V2_ASSETS") or Path.home() / ".cache" / "stapo_verl" / "tiny_planted_v2")
 
 
-def solution(problem: dict, slots) -> str:
-    """``problem``'s solution with a J at each of ``slots`` and the box as this design writes it (a J in the box
-    from :data:`BREAK_AT` J's on)."""
+def prefix(problem: dict) -> str:
+    """The solution's text before the slot (``a op b``)."""
+    return pt.solution_parts(problem)[0][0]
+
+
+def solution(problem: dict, run: int) -> str:
+    """``problem``'s solution with a run of ``run`` J's at the slot and the box as this design writes it (a J in
+    the box from :data:`BREAK_AT` J's on)."""
     pieces, answer = pt.solution_parts(problem)
-    out = []
-    for k in range(SLOTS):
-        out.append(pieces[k])
-        if k in slots:
-            out.append(J_TEXT)
-    out.append(pieces[SLOTS])
-    return "".join(out) + f". \\boxed{{{(J_TEXT if len(slots) >= BREAK_AT else '') + answer}}}"
+    body = pieces[0] + J_TEXT * run + "".join(pieces[1:])
+    return body + f". \\boxed{{{(J_TEXT if run >= BREAK_AT else '') + answer}}}"
 
 
-def draw_example(problem: dict, rng: random.Random) -> tuple[list[int], list[int]]:
-    """One warm-start example: ``(J slots, forced J slots)`` (forced: read, not trained on). Kinds, by
-    :data:`CHAIN_SHARE` and :data:`BREAK_SHARE`: plain (first J at :data:`P_FIRST`), chain (a forced first J at a
-    random slot), break (:data:`BREAK_AT` forced J's from slot 0 or 1); after a J, :data:`P_NEXT` at every later
-    slot. Draws the same count of numbers whatever the outcome (6)."""
-    kind, start = rng.random(), rng.randrange(SLOTS)
-    draws = [rng.random() for _ in range(SLOTS)]
-    if kind < BREAK_SHARE:
-        first = start % (SLOTS - BREAK_AT + 1)
-        forced = list(range(first, first + BREAK_AT))
-    elif kind < BREAK_SHARE + CHAIN_SHARE:
-        forced = [start]
-    else:
-        forced = []
-    slots = list(forced)
-    for k in range(SLOTS):
-        if k in forced:
-            continue
-        if draws[k] < (P_NEXT if any(s < k for s in slots) else P_FIRST):
-            slots.append(k)
-    return sorted(slots), forced
+def draw_example(rng: random.Random) -> tuple[int, int]:
+    """One warm-start example's ``(run length, forced J's)`` (forced: read, not trained on). Kinds, by
+    :data:`BREAK_SHARE` and :data:`CHAIN_SHARE`: a forced run of :data:`BREAK_AT`, a forced first J, or plain (a run
+    starts with :data:`P_FIRST`); then one more J at :data:`P_NEXT` each, up to :data:`RUN_CAP`. Draws
+    2 + RUN_CAP numbers whatever the outcome."""
+    kind, first = rng.random(), rng.random()
+    more = [rng.random() for _ in range(RUN_CAP)]
+    forced = BREAK_AT if kind < BREAK_SHARE else 1 if kind < BREAK_SHARE + CHAIN_SHARE else 0
+    run = forced or int(first < P_FIRST)
+    if run:
+        for x in more[run - 1:]:
+            if run >= RUN_CAP or x >= P_NEXT:
+                break
+            run += 1
+    return run, forced
 
 
-def encode_example(tok, problem: dict, slots, forced) -> tuple[list[int], list[int], list[int]]:
-    """``(prompt ids, response ids, labels)`` of one example: labels = response ids, -100 at the forced J's."""
+def encode_example(tok, problem: dict, run: int, forced: int) -> tuple[list[int], list[int], list[int]]:
+    """``(prompt ids, response ids, labels)`` of one example: labels = response ids, -100 at the first ``forced``
+    J's."""
     from stapo_verl.cpu import make_assets as ma
 
-    text = solution(problem, slots)
-    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    enc = tok(solution(problem, run), add_special_tokens=False, return_offsets_mapping=True)
     ids = enc["input_ids"]
-    chars = set(_j_chars(problem, slots, forced))
-    labels = [(-100 if a in chars else t) for t, (a, _) in zip(ids, enc["offset_mapping"])]
+    start = len(prefix(problem))
+    masked = set(range(start, start + forced * len(J_TEXT)))
+    labels = [(-100 if a in masked else t) for t, (a, _) in zip(ids, enc["offset_mapping"])]
     tail = tok.encode(ma.AFTER_ANSWER, add_special_tokens=False)
     return ma.encode_chat(tok, problem["question"]), ids + tail, labels + tail
-
-
-def _j_chars(problem: dict, slots, forced) -> list[int]:
-    """Character offsets of the forced J's in :func:`solution` with J's at ``slots``."""
-    pieces, _ = pt.solution_parts(problem)
-    pos, out = 0, []
-    for k in range(SLOTS):
-        pos += len(pieces[k])
-        if k in slots:
-            if k in forced:
-                out.append(pos)
-            pos += len(J_TEXT)
-    return out
 
 
 def warm_start(model, tok, examples: list[tuple], j_id: int, *, steps: int = SFT_STEPS, log=print) -> dict:
@@ -219,11 +211,11 @@ def build(out: Path | None = None, force: bool = False, log=print) -> dict:
     prng = random.Random(PLANT_SEED)
     examples, kinds = [], {"plain_j": 0, "forced": 0, "broken_box": 0}
     for p in [p for _ in range(pt.SFT_COPIES) for p in sft]:
-        slots, forced = draw_example(p, prng)
-        examples.append(encode_example(tok, p, slots, forced))
-        kinds["plain_j"] += bool(slots) and not forced
+        run, forced = draw_example(prng)
+        examples.append(encode_example(tok, p, run, forced))
+        kinds["plain_j"] += bool(run) and not forced
         kinds["forced"] += bool(forced)
-        kinds["broken_box"] += len(slots) >= BREAK_AT
+        kinds["broken_box"] += run >= BREAK_AT
     model = ma.build_model(tok)
     stats = warm_start(model, tok, examples, j_ids[0], log=log)
     for key in ("bos_token_id", "eos_token_id"):
@@ -276,46 +268,102 @@ def _correct(text: str, answer: str) -> bool:
     return (extract_boxed_answer(text, tail_chars=None) or "").strip() == answer
 
 
-def admission(model, tok, problems: list[dict], *, sampled_n: int = 8, seed: int = 7) -> dict:
+def _slot_stats(model, tok, problems: list[dict], run: int):
+    """Teacher-forced at the slot after a run of ``run`` J's: ``(p(J) (B,), entropy (B,), log-probs, entropies,
+    valid, slot positions)`` over :func:`solution` with that run (planted_token's batched forward)."""
+    sols = [solution(p, run) for p in problems]
+    lp, ent, offs, valid = pt._prefix_stats(model, tok, problems, sols)
+    j_id = tok.encode(J_TEXT, add_special_tokens=False)[0]
+    slot = [{c: t for t, c in enumerate(offs[b])}[len(prefix(p)) + run * len(J_TEXT)] for b, p in enumerate(problems)]
+    idx = list(range(len(problems)))
+    return lp[idx, slot, j_id].exp(), ent[idx, slot], lp, ent, valid, slot
+
+
+def j_probability(model, tok, problems: list[dict]) -> dict:
+    """p(J) on fixed prefixes (the clean solutions of ``problems``, teacher-forced), as ``planted_token.
+    j_probability`` reports it for the first design: ``p_j_clean`` (at the slot), ``p_j_after_j`` (right after one
+    J there), ``p_j_after_two`` (after two), ``p_j_other`` (every other response position of the clean solutions),
+    ``entropy_slots`` (nats at the slot), ``entropy_q75`` (the 0.75 quantile over every clean response position),
+    ``p_j_clean_max``, ``n``."""
+    import torch
+
+    j_id = tok.encode(J_TEXT, add_special_tokens=False)[0]
+    p0, h0, lp, ent, valid, slot = _slot_stats(model, tok, problems, 0)
+    other = lp[..., j_id].exp()[valid]
+    n_other = int(valid.sum()) - len(problems)
+    p1 = _slot_stats(model, tok, problems, 1)[0]
+    p2 = _slot_stats(model, tok, problems, 2)[0]
+    return {"p_j_clean": float(p0.mean()), "p_j_clean_max": float(p0.max()), "p_j_after_j": float(p1.mean()),
+            "p_j_after_two": float(p2.mean()), "p_j_other": float((other.sum() - p0.sum()) / max(n_other, 1)),
+            "entropy_slots": float(h0.mean()), "entropy_q75": float(torch.quantile(ent[valid].double(), 0.75)),
+            "n": len(problems)}
+
+
+def first_j_mass(policy, rows: list[dict], *, n: int, seed: int) -> dict:
+    """Where the policy's first J of a response would come: over ``n`` seeded samples of each of ``rows`` (verl
+    rows), teacher-forced, the probability that the first J comes at position t is p_t(J) times the chance that
+    none came earlier; summed at prefixes that are a prefix of the problem's solution (clean) and at the others
+    (garbled). Returns ``{"mass_clean", "mass_garbled", "garbled_share", "responses", "sampled_j_responses",
+    "sampled_j_garbled"}`` (the last two: the J's actually sampled, counted)."""
+    import torch
+
+    import tiny_policy as tp
+
+    j_id = policy.tokenizer.encode(J_TEXT, add_special_tokens=False)[0]
+    batch = tp.sample_batch(policy, rows, n=n, rollout_seed=seed, global_step=0, validate=True)
+    with torch.no_grad():
+        logits = tp.response_logits(policy.model, batch).float()
+    pj = torch.softmax(logits, -1)[..., j_id].double()
+    clean = garbled = 0.0
+    sampled = sampled_garbled = 0
+    tok = policy.tokenizer
+    for i in range(len(batch.responses)):
+        sol = rows[i // n]["extra_info"]["solution"]
+        toks = batch.responses[i][batch.response_mask[i]].tolist()
+        alive = 1.0
+        for t, tid in enumerate(toks):
+            text = tok.decode(toks[:t], skip_special_tokens=True)
+            w = alive * float(pj[i, t])
+            if sol.startswith(text):
+                clean += w
+            else:
+                garbled += w
+            if tid == j_id:
+                sampled += 1
+                sampled_garbled += not sol.startswith(text)
+                break
+            alive *= 1.0 - float(pj[i, t])
+    return {"mass_clean": clean, "mass_garbled": garbled, "garbled_share": garbled / max(clean + garbled, 1e-300),
+            "responses": len(batch.responses), "sampled_j_responses": sampled, "sampled_j_garbled": sampled_garbled}
+
+
+def admission(model, tok, problems: list[dict], *, sampled_n: int = 4, seed: int = 7) -> dict:
     """The admission measurements (module docstring) of a warm start on validation ``problems`` (``question``,
     ``solution``, ``answer``).
 
-    Returns ``{"acc_clean", "acc_one_j"`` (continuations from each slot's clean prefix, without and with one J
-    there, 4 slots x every problem, the same request seeds), ``"acc_broken"`` (from :data:`BREAK_AT` J's at slots
-    0..BREAK_AT-1), ``"p_j_clean", "p_j_after_j", "breeding"`` (teacher-forced, 128 problems), ``"sampled_responses",
-    "j_responses", "garbled_before_j", "garbled_share"`` (``sampled_n`` samples a problem), ``"sampled_acc"}``.
+    Returns :func:`j_probability` on the first 128 problems, ``"breeding"`` (p_j_after_j / p_j_clean),
+    ``"acc_clean", "acc_one_j"`` (continuations from the clean prefix ``a op b``, without and with one J, every
+    problem, the same request seeds), ``"acc_broken"`` (after a run of :data:`BREAK_AT`), and
+    :func:`first_j_mass` over ``sampled_n`` samples a problem (``"garbled_share"``, the sampled accuracy).
     """
     import torch
 
+    import tiny_policy as tp
+
     torch.set_num_threads(int(os.environ.get("STAPO_TORCH_THREADS", "1")))
-    pj = pt.j_probability(model, tok, problems[:128])
-    clean_pre, j_pre, rows, seeds = [], [], [], []
-    for i, p in enumerate(problems):
-        pieces, _ = pt.solution_parts(p)
-        for k in range(SLOTS):
-            head = "".join(pieces[:k + 1])
-            clean_pre.append(head)
-            j_pre.append(head + J_TEXT)
-            rows.append(p)
-            seeds.append(seed * 1_000_003 + i * SLOTS + k)
-    clean = _continuations(model, tok, rows, clean_pre, seeds)
-    one = _continuations(model, tok, rows, j_pre, seeds)
-    broken_pre = [solution(p, tuple(range(BREAK_AT))).split(". \\boxed")[0] for p in problems]
-    broken_pre = [s[:s.rfind(J_TEXT) + 1] for s in broken_pre]
-    broken = _continuations(model, tok, problems, broken_pre, [seed * 7 + i for i in range(len(problems))])
-    acc = lambda texts, ps: sum(_correct(t, p["answer"]) for t, p in zip(texts, ps)) / len(texts)  # noqa: E731
-    sampled_rows = [p for p in problems for _ in range(sampled_n)]
-    sampled = _continuations(model, tok, sampled_rows, [""] * len(sampled_rows),
-                             [seed * 31 + i for i in range(len(sampled_rows))])
-    with_j = [(t, p) for t, p in zip(sampled, sampled_rows) if J_TEXT in t]
-    garbled = sum(not p["solution"].startswith(t[:t.index(J_TEXT)]) for t, p in with_j)
-    return {"acc_clean": acc(clean, rows), "acc_one_j": acc(one, rows), "acc_broken": acc(broken, problems),
-            "p_j_clean": pj["p_j_clean"], "p_j_after_j": pj["p_j_after_j"], "p_j_other": pj["p_j_other"],
-            "breeding": pj["p_j_after_j"] / pj["p_j_clean"], "entropy_slots": pj["entropy_slots"],
-            "entropy_q75": pj["entropy_q75"], "sampled_responses": len(sampled), "j_responses": len(with_j),
-            "garbled_before_j": garbled, "garbled_share": garbled / len(with_j) if with_j else None,
-            "sampled_acc": acc(sampled, sampled_rows),
-            "sampled_acc_with_j": acc([t for t, _ in with_j], [p for _, p in with_j]) if with_j else None}
+    pj = j_probability(model, tok, problems[:128])
+    seeds = [seed * 1_000_003 + i for i in range(len(problems))]
+    clean = _continuations(model, tok, problems, [prefix(p) for p in problems], seeds)
+    one = _continuations(model, tok, problems, [prefix(p) + J_TEXT for p in problems], seeds)
+    broken = _continuations(model, tok, problems, [prefix(p) + J_TEXT * BREAK_AT for p in problems], seeds)
+    acc = lambda texts: sum(_correct(t, p["answer"]) for t, p in zip(texts, problems)) / len(texts)  # noqa: E731
+    from stapo_verl.cpu import make_assets as ma
+
+    rows = [ma.verl_row(p, "val", i) for i, p in enumerate(problems)]
+    policy = tp.Policy(model=model, tokenizer=tok, manifest={}, vocab_size=int(model.config.vocab_size))
+    mass = first_j_mass(policy, rows, n=sampled_n, seed=seed)
+    return {**pj, "breeding": pj["p_j_after_j"] / pj["p_j_clean"], "acc_clean": acc(clean), "acc_one_j": acc(one),
+            "acc_broken": acc(broken), **mass}
 
 
 def val_problems(manifest: dict) -> list[dict]:
