@@ -125,3 +125,32 @@ def test_validation_accuracy_and_its_sampling_error(lt, monkeypatch):
     assert v["acc"] == pytest.approx(0.5)
     var = 0.75 * 0.25 * 4 / 3  # unbiased variance of three 1s and one 0 (and of one 1 and three 0s)
     assert v["se"] == pytest.approx(math.sqrt(2 * var / 4) / 2)
+
+
+def _fake_run(lt, store, arm, seed, val, pj, se=0.01):
+    metrics = {s: {lt.VAL_KEY: v, "val/se": se} for s, v in val.items()}
+    rec = {"metrics": metrics, "planted": {"p_j": {s: {"p_j_clean": p} for s, p in pj.items()}, "mask": {}}}
+    lt.write_record(lt.result_path(store, "planted_mb4_lr2e-4_steps40", arm, seed), rec)
+
+
+def test_the_40_step_gate_passes_inside_the_seed_spread_and_fails_outside(lt, tmp_path):
+    interim = tmp_path / "interim"
+    interim.mkdir()
+    pj_steps = (10, 20, 30, 40)
+    for arm, v20 in (("vanilla", 0.60), ("stapo", 0.40)):
+        rows = [{"step": 0, "data": {lt.VAL_KEY: 0.70}}, {"step": 20, "data": {lt.VAL_KEY: v20}},
+                {"step": 40, "data": {lt.VAL_KEY: 0.61}}]
+        (interim / f"{arm}_seed1.steps0-40.metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+        (interim / f"{arm}_seed1.planted_measure.json").write_text(json.dumps(
+            {"p_j": {str(s): {"p_j_clean": 0.005} for s in pj_steps}}))
+    store = tmp_path / "store"
+    for seed, shift in ((1, 0.0), (2, 0.03), (3, -0.03)):
+        _fake_run(lt, store, "vanilla", seed, {0: 0.70, 20: 0.62 + shift, 40: 0.63 + shift},
+                  {s: 0.005 + shift / 10 for s in pj_steps})
+    _fake_run(lt, store, "stapo", 1, {0: 0.70, 20: 0.66, 40: 0.63}, {s: 0.005 for s in pj_steps})
+    got = lt.gate(store, interim=interim)
+    assert all(r["ok"] for r in got["vanilla"])
+    bad = [r for r in got["stapo"] if not r["ok"]]
+    # stapo's verl value at step 20 (0.40) is 0.26 below the lean seed 1 and far outside the spread [0.59, 0.65]
+    assert [(r["what"], r["step"]) for r in bad] == [("val", 20)]
+    assert got["vanilla"][1]["lo"] == pytest.approx(0.59) and got["vanilla"][1]["hi"] == pytest.approx(0.65)
