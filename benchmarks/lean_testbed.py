@@ -290,10 +290,12 @@ def fixed_prefixes(policy: tp.Policy) -> list[dict]:
 
 # ----------------------------------------------------------------------------- one run
 def run(setting: Setting, arm: Arm, seed: int, assets: Path, *, steps: int | None = None, validate_every=VAL_FREQ,
-        val_rows: int | None = None, log=print) -> dict:
+        val_rows: int | None = None, partial: Path | None = None, log=print) -> dict:
     """One run (module docstring); returns its record (``metrics`` keyed by int step, ``planted``, ``wall_s``).
 
     ``steps``, ``validate_every``, ``val_rows``: shorten it (timing and tests; a registered run uses the setting's).
+    ``partial``: where to write the record so far at every validation point (an unfinished run's interim record,
+    ``"finished": false``; not a result).
     """
     import planted_token
     from verl.trainer.ppo.core_algos import agg_loss
@@ -319,12 +321,25 @@ def run(setting: Setting, arm: Arm, seed: int, assets: Path, *, steps: int | Non
     metrics: dict[int, dict] = {}
     p_j: dict[int, dict] = {}
 
+    def record(finished: bool) -> dict:
+        rec = {"setting": setting.name, "arm": arm.name, "seed": seed, "steps": steps, "cpu": tb.cpu_type(),
+               "digest": tb.metrics_digest(metrics), "metrics": metrics, "wall_s": round(time.time() - t0, 1),
+               "cpu_s": round(time.process_time() - c0, 1), "finished": finished,
+               "assets": {"kind": setting.assets, "version": policy.manifest.get("version"),
+                          "design": policy.manifest.get("planted", {}).get("design")}}
+        if planted:
+            rec["planted"] = {"p_j": p_j, "mask": mask_summary(metrics)}
+        return rec
+
     def checkpoint(step: int) -> None:
-        if validate_every and (step % validate_every == 0 or step == steps):
+        validated = bool(validate_every and (step % validate_every == 0 or step == steps))
+        if validated:
             v = validate(policy, val, seed=seed, step=step)
             metrics.setdefault(step, {}).update({VAL_KEY: v["acc"], "val/se": v["se"]})
         if planted and (step % PJ_FREQ == 0 or step == steps):
             p_j[step] = measure_j(policy.model, policy.tokenizer, prefixes)
+        if partial is not None and (validated or step % PJ_FREQ == 0) and step < steps:
+            write_record(partial, record(False))
 
     checkpoint(0)
     for step in range(1, steps + 1):
@@ -348,14 +363,7 @@ def run(setting: Setting, arm: Arm, seed: int, assets: Path, *, steps: int | Non
                 f", entropy {m[pc.ENTROPY_KEY]:.4f}" + (f", val {acc:.4f}" if acc is not None else "")
                 + (f", p(J) clean {p_j[step]['p_j_clean']:.2e}" if step in p_j else "")
                 + f" ({time.time() - t0:.0f} s)")
-    record = {"setting": setting.name, "arm": arm.name, "seed": seed, "steps": steps, "cpu": tb.cpu_type(),
-              "digest": tb.metrics_digest(metrics), "metrics": metrics, "wall_s": round(time.time() - t0, 1),
-              "cpu_s": round(time.process_time() - c0, 1),
-              "assets": {"kind": setting.assets, "version": policy.manifest.get("version"),
-                         "design": policy.manifest.get("planted", {}).get("design")}}
-    if planted:
-        record["planted"] = {"p_j": p_j, "mask": mask_summary(metrics)}
-    return record
+    return record(True)
 
 
 def mask_summary(metrics: dict[int, dict]) -> dict:
@@ -537,7 +545,8 @@ def main(argv=None) -> int:
             if path.exists() or not claim(a.out, item):
                 continue
             setting, arm = SETTINGS[item[0]], ARMS[item[1]]
-            record = run(setting, arm, item[2], assets_dir(setting.assets, log), log=log)
+            record = run(setting, arm, item[2], assets_dir(setting.assets, log), log=log,
+                         partial=result_path(a.out / "partial", *item))
             if path.exists():  # another machine's file arrived meanwhile: keep the first
                 continue
             write_record(path, record)
@@ -584,7 +593,8 @@ def main(argv=None) -> int:
             if path.exists():
                 log(f"[lean] {path} exists: skipped")
                 continue
-            record = run(setting, ARMS[arm], s, assets_dir(setting.assets, log), steps=a.steps, log=log)
+            record = run(setting, ARMS[arm], s, assets_dir(setting.assets, log), steps=a.steps, log=log,
+                         partial=result_path(a.out / "partial", name, arm, s))
             write_record(path, record)
             v = ot.verdict(record["metrics"])
             log(f"[lean] wrote {path} ({record['wall_s']:.0f} s; failed={v.failed}, onset {v.onset})")
