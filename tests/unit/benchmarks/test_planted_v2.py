@@ -20,9 +20,9 @@ def pv():
 
 
 @pytest.fixture(scope="module")
-def admission(pv):
+def measured(pv):
     """The admission measurements of the built assets, measured again here from the saved model on the first
-    ``TEST_PROBLEMS`` validation problems (the build measures all 640)."""
+    ``TEST_PROBLEMS`` validation problems (all 640, as the build measures them), and the build's own record."""
     import torch
 
     torch.set_num_threads(1)
@@ -31,7 +31,17 @@ def admission(pv):
     from pathlib import Path
 
     policy = tp.load_policy(Path(manifest["model_dir"]).parent)
-    return pv.admission(policy.model, policy.tokenizer, pv.val_problems(manifest)[:pv.TEST_PROBLEMS])
+    return pv.admission(policy.model, policy.tokenizer, pv.val_problems(manifest)[:pv.TEST_PROBLEMS]), manifest
+
+
+@pytest.fixture(scope="module")
+def admission(measured):
+    return measured[0]
+
+
+def test_the_saved_model_gives_the_builds_admission_numbers(measured):
+    again, manifest = measured
+    assert again == manifest["planted"]["admission"]  # built and measured on this machine: every value equal
 
 
 def _problems(n, seed=0):
