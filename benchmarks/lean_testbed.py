@@ -77,8 +77,10 @@ VAL_N, VAL_FREQ, VAL_KEY = ot.VAL_N, ot.VAL_FREQ, ot.VAL_KEY
 PJ_FREQ = ot.CKPT_FREQ
 #: fixed validation prefixes of p(J)
 PJ_PROMPTS = 128
-#: machine-minutes of one run on 2 cores with two runs at once, per 100 steps (measured; :func:`remaining_hours`)
-MINUTES_PER_100_STEPS = 8.0
+#: CPU-minutes of one run per 100 steps, validation included (:func:`remaining_hours`): measured 178 and 186 CPU-s for
+#: the 40-step gate runs (3 validations, 5 p(J) points) on an AMD EPYC, i.e. about 3.2 CPU-s a step and 20 CPU-s a
+#: validation, so 11 CPU-minutes a 150-step planted run and 7.3 a 100-step control run
+MINUTES_PER_100_STEPS = 7.5
 
 
 @dataclass(frozen=True)
@@ -429,7 +431,8 @@ def claim(out: Path, item: tuple[str, str, int]) -> bool:
 
 
 def remaining_hours(store: Path, order: list[tuple[str, str, int]]) -> tuple[list, float]:
-    """``(runs without a result file, machine-hours they need)`` at :data:`MINUTES_PER_100_STEPS`."""
+    """``(runs without a result file, CPU-hours they need)`` at :data:`MINUTES_PER_100_STEPS` (one run a core, so
+    half that in wall hours on 2 idle cores)."""
     left = [x for x in order if not result_path(store, *x).exists()]
     return left, sum(SETTINGS[s].steps for s, _, _ in left) / 100 * MINUTES_PER_100_STEPS / 60
 
@@ -535,8 +538,8 @@ def main(argv=None) -> int:
         order = run_order()
         if a.plan:
             left, hours = remaining_hours(a.store, order)
-            print(f"{len(order) - len(left)} of {len(order)} runs done; left ({hours:.1f} machine-hours at "
-                  f"{MINUTES_PER_100_STEPS:g} min per 100 steps):")
+            print(f"{len(order) - len(left)} of {len(order)} runs done; left ({hours:.1f} CPU-hours at "
+                  f"{MINUTES_PER_100_STEPS:g} CPU-min per 100 steps, one run a core):")
             for item in left:
                 print("  " + " ".join(map(str, item)))
             return 0
