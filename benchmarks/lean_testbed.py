@@ -59,6 +59,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import torch
 
@@ -95,11 +96,11 @@ class Setting:
     about: str = ""
 
 
-SETTINGS = {s.name: s for s in (
+SETTINGS = MappingProxyType({s.name: s for s in (
     Setting("mb4_lr5e-5", 5e-5, 100, "standard", "the stable control: lr 5e-5"),
     Setting("planted_mb4_lr2e-4", 2e-4, 150, "planted", "the first planted token (the parity gate's setting)"),
     Setting("planted_v2_mb4_lr2e-4", 2e-4, 150, "planted_v2", "planted_v2: a J rewarded before it harms"),
-)}
+)})
 
 
 @dataclass(frozen=True)
@@ -116,14 +117,14 @@ class Arm:
     stats_source: str = "old_policy"
 
 
-ARMS = {a.name: a for a in (
+ARMS = MappingProxyType({a.name: a for a in (
     Arm("vanilla", "top_entropy", top_entropy_ratio=1.0),
     Arm("stapo", "s2t"),
     Arm("stapo_paper_tau", "s2t", tau_p=0.002),
     Arm("s2t_random", "s2t_random"),
     Arm("top_entropy", "top_entropy", top_entropy_ratio=0.2),
     Arm("stapo_current", "s2t", stats_source="current_minibatch"),
-)}
+)})
 #: the arms whose silenced tokens are S2T candidates (the mask's precision and recall against J are read there)
 S2T_ARMS = ("stapo", "stapo_paper_tau", "s2t_random", "stapo_current")
 
