@@ -4,9 +4,11 @@ Prints, for a job that asks only for the S2T mask (``loss_mode=stapo``) on the v
 
 1. **Lines loaded**: a fresh interpreter without ``VERL_PLATFORM`` (as on a GPU node) runs ``import verl`` (the
    plugin's entry point) and imports the verl modules such a job imports (the worker, the v1 trainer and its replay
-   buffer, the agent loop, ``main_ppo``, ``verl.utils.config``), which fire the plugin's post-import hooks; it counts
-   the ``stapo_verl`` modules in ``sys.modules`` and their source lines. Modules a wrapper imports only on a path the
-   job takes later (the diagnostics on the first ``train_batch``) are not counted: this is a lower bound.
+   buffer, the agent loop, ``main_ppo``, ``verl.utils.config``), which fire the plugin's post-import hooks, then runs
+   the driver's start-up of a job with ``loss_mode=stapo`` (Hydra composes verl's ``ppo_trainer``, the plugin's
+   ``validate_config`` wrapper, the policy-loss config built as every worker builds it); it counts the ``stapo_verl``
+   modules in ``sys.modules`` and their source lines. The worker's ``init_model`` and ``train_batch`` of such a job
+   import nothing more (the series' loss and pre-pass live in modules already loaded).
 2. **Ledger entries and wrappers**: ``PATCHES`` of ``stapo_verl.integration.verl_0_9_1``; a wrapper is an entry whose
    action wraps, replaces or rebinds a verl symbol.
 3. **PR sizes**: production ``.py`` lines added by PR A and PR B (``upstream/build_series.py --sizes``, which builds
@@ -36,6 +38,17 @@ import verl  # noqa: F401
 for name in ("verl.workers.engine_workers", "verl.trainer.ppo.v1.trainer_base", "verl.trainer.ppo.v1.replay_buffer",
              "verl.experimental.agent_loop.agent_loop", "verl.trainer.main_ppo", "verl.utils.config"):
     importlib.import_module(name)
+# the driver's start-up of a job that asks for the mask alone: compose, validate (the plugin's wrapper), build the
+# actor config as every worker does
+from hydra import compose, initialize_config_module
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+with initialize_config_module("verl.trainer.config", version_base=None):
+    config = compose("ppo_trainer", overrides=["actor_rollout_ref.actor.policy_loss.loss_mode=stapo"])
+try:
+    validate_config(config, use_reference_policy=False, use_critic=False)
+except Exception:  # verl's own checks of the unset sizes; the plugin's part ran first
+    pass
+omega_conf_to_dataclass(config.actor_rollout_ref.actor.policy_loss)
 from stapo_verl.integration.verl_0_9_1 import PATCHES
 mods = {}
 for m in sorted(n for n in sys.modules if n == "stapo_verl" or n.startswith("stapo_verl.")):

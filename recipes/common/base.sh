@@ -402,6 +402,12 @@ stapo_method_overrides() {
             "$pl.s2t_entropy_quantile=$STAPO_Q"
             "$pl.stats_source=$STAPO_STATS_SOURCE"
         )
+        # The diagnostics (mask statistics, LM-head gradient norm, collapse warning, tracker tables) are an option of
+        # their own (policy_loss.mask_statistics, default off in the config); the recipes ask for them.
+        # STAPO_DIAGNOSTICS=0 runs the mask alone.
+        if stapo_is_true "${STAPO_DIAGNOSTICS:-1}"; then
+            STAPO_OVERRIDES+=("$pl.mask_statistics=True")
+        fi
         ;;
     justrl)
         # verl's own vanilla loss with the base's clip-higher (JustRL, arXiv 2512.16649).
@@ -438,6 +444,9 @@ stapo_method_overrides() {
             "$pl.top_entropy_ratio=$TOP_ENTROPY_RATIO"
             "$pl.stats_source=$STAPO_STATS_SOURCE"
         )
+        if stapo_is_true "${STAPO_DIAGNOSTICS:-1}"; then
+            STAPO_OVERRIDES+=("$pl.mask_statistics=True")
+        fi
         ;;
     *) stapo_die "unknown method '$method' (allowed: ${STAPO_METHODS[*]})" ;;
     esac

@@ -77,6 +77,40 @@ def check_range(key: str, value):
     return value
 
 
+#: the type each of the plugin's policy-loss keys takes (a bool is never a number; NaN fails the range)
+TYPES = types.MappingProxyType({
+    "token_mask": ((str, type(None)), "a mask name or null"),
+    "stats_source": ((str,), "a string"),
+    "s2t_tau_p": ((int, float), "a number"),
+    "s2t_entropy_quantile": ((int, float), "a number"),
+    "top_entropy_ratio": ((int, float), "a number"),
+    "random_mask_seed": ((int,), "an int"),
+    "mask_statistics": ((bool,), "true or false (unquoted)"),
+    "dump_tokens": ((bool,), "true or false (unquoted)"),
+    "dump_dir": ((str,), "a string"),
+    "dump_max_rows_per_step": ((int,), "an int"),
+    "dump_every": ((int, type(None)), "an int or null"),
+    "table_max_rows": ((int,), "an int"),
+    "collapse_z_threshold": ((int, float, type(None)), "a number or null"),
+    "collapse_window": ((int,), "an int"),
+    "collapse_warmup_steps": ((int,), "an int"),
+})
+
+
+def check_type(key: str, value):
+    """``value`` if it has the type of ``actor_rollout_ref.actor.policy_loss.<key>`` (:data:`TYPES`).
+
+    Raises:
+        StapoConfigError: naming the key, the value, its type and what is allowed (a quoted number is a string).
+        KeyError: ``key`` has no type here.
+    """
+    kinds, allowed = TYPES[key]
+    if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
+        raise StapoConfigError(f"{KEY}.{key}={value!r} ({type(value).__name__}): allowed {allowed}",
+                               key=f"{KEY}.{key}", value=value, allowed=allowed)
+    return value
+
+
 def check_collapse_warmup(warmup: int, window: int) -> int:
     """``warmup`` if 2 ≤ ``collapse_warmup_steps`` ≤ ``collapse_window`` (the z-score needs two previous values).
 

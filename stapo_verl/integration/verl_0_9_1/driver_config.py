@@ -5,13 +5,17 @@ config object from it (``validate_config`` additionally runs the cross-key check
 ``validate_config`` on the same ``DictConfig`` it then hands to ``run_ppo``, so the filled ``_target_`` is what Ray
 ships to the TaskRunner and the workers. Ledger entries: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`.
 
-A job that asks for nothing (:func:`.job.job_request`) gets verl's function with its own arguments and its result,
-and its config is not touched.
+Both also set :data:`.job.OPT_INS_ENV` to the options the job asks for (:func:`.job.opt_ins_of`), before verl's
+``run_ppo`` starts Ray, so that every Ray process installs their wrappers at plugin load (and only then).
+
+A job that asks for nothing gets verl's function with its own arguments and its result, and its config is not
+touched.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 # stapo_verl.core (hence verl) is imported where it is used: loading the plugin imports this module, and a process
 # whose first import is this module must not start verl's plugin loading before the functions below exist.
@@ -19,20 +23,35 @@ import functools
 _MARK = "__stapo_integration__"
 
 
+def _asks(config) -> bool:
+    """Gate the options ``config`` asks for and set (or clear) :data:`.job.OPT_INS_ENV`; whether the job asks for
+    a mask."""
+    from stapo_verl.integration.verl_0_9_1 import check_opt_in
+    from stapo_verl.integration.verl_0_9_1.job import OPT_INS_ENV, asks_for_extras, job_request, opt_ins_of
+
+    names = opt_ins_of(config)  # also checks trainer.reproducible's type, before Ray
+    policy_loss = config.get("actor_rollout_ref", {}).get("actor", {}).get("policy_loss", None)
+    for name in names + (("extras",) if policy_loss is not None and asks_for_extras(policy_loss) else ()):
+        check_opt_in(name, f"the option {name!r} of stapo-verl")
+    if names:
+        os.environ[OPT_INS_ENV] = ",".join(names)
+    else:
+        os.environ.pop(OPT_INS_ENV, None)
+    return job_request(config).masked
+
+
 def wrap_validate_config(orig):
     """``validate_config`` that fills ``_target_`` and checks the token-mask keys before ``orig``."""
 
     @functools.wraps(orig)
     def validate_config(config, *args, **kwargs):
-        from stapo_verl.integration.verl_0_9_1.job import job_request, record_acted
+        from stapo_verl.integration.verl_0_9_1.job import record_acted
 
-        if not job_request(config).masked:  # also checks trainer.reproducible's type, before Ray
+        if not _asks(config):
             return orig(config, *args, **kwargs)
         record_acted("verl.utils.config.validate_config")
-        from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
-            fill_policy_loss_target,
-            validate_token_mask_config,
-        )
+        from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
+        from stapo_verl.integration.verl_0_9_1.policy_loss.config import fill_policy_loss_target
 
         fill_policy_loss_target(config)
         validate_token_mask_config(config)
@@ -47,9 +66,9 @@ def wrap_run_ppo(orig):
 
     @functools.wraps(orig)
     def run_ppo(config, *args, **kwargs):
-        from stapo_verl.integration.verl_0_9_1.job import job_request, record_acted
+        from stapo_verl.integration.verl_0_9_1.job import record_acted
 
-        if not job_request(config).masked:
+        if not _asks(config):
             return orig(config, *args, **kwargs)
         record_acted("verl.trainer.main_ppo.run_ppo")
         from stapo_verl.integration.verl_0_9_1.policy_loss.config import fill_policy_loss_target

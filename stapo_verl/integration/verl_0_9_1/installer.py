@@ -9,6 +9,7 @@ stays free of cycles (``tests/unit/core/test_import_cycles.py``).
 from __future__ import annotations
 
 import logging
+from types import MappingProxyType
 
 from stapo_verl.integration import verl_0_9_1 as gate
 
@@ -63,6 +64,7 @@ def install() -> bool:
     from stapo_verl.core import masks  # noqa: F401  (registers the masks and loss_mode=stapo)
     from stapo_verl.integration.post_import import when_imported
     from stapo_verl.integration.verl_0_9_1 import driver_config
+    from stapo_verl.integration.verl_0_9_1.job import opt_ins_from_env
     from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
 
     driver_config.install_validate_config()
@@ -71,9 +73,29 @@ def install() -> bool:
     # stapo_verl.core, hence verl, hence this plugin) is not asked here for a name it has not defined yet.
     here = gate.__name__
     when_imported("verl.trainer.main_ppo", f"{here}.driver_config:patch_main_ppo")
-    when_imported("verl.workers.engine_workers", f"{here}.training_worker:patch_engine_workers")
-    when_imported("verl.trainer.ppo.v1.trainer_base", f"{here}.trainer:patch_trainer_base")
-    when_imported("verl.experimental.agent_loop.agent_loop", f"{here}.determinism:patch_agent_loop")
-    when_imported("verl.trainer.ppo.v1.trainer_base", f"{here}.determinism:patch_trainer_base")
+    when_imported("verl.workers.engine_workers", f"{here}.worker:patch_engine_workers")
+    for name in opt_ins_from_env():
+        install_opt_in(name)
     hydra_options.register()
     return True
+
+
+#: the post-import hooks of each option of :data:`.job.OPT_INS` (installed only when a job asks for it)
+OPT_IN_HOOKS = MappingProxyType({
+    "diagnostics": (("verl.trainer.ppo.v1.trainer_base", "trainer:patch_trainer_base"),),
+    "reproducible": (("verl.experimental.agent_loop.agent_loop", "determinism:patch_agent_loop"),
+                     ("verl.trainer.ppo.v1.trainer_base", "determinism:patch_trainer_base")),
+})
+
+
+def install_opt_in(name: str) -> None:
+    """Install the wrappers of the option ``name`` (a key of :data:`OPT_IN_HOOKS`) as post-import hooks
+    (idempotent). The plugin calls it at load for the options :data:`.job.OPT_INS_ENV` names.
+
+    Raises:
+        KeyError: ``name`` is not an option.
+    """
+    from stapo_verl.integration.post_import import when_imported
+
+    for module, hook in OPT_IN_HOOKS[name]:
+        when_imported(module, f"{gate.__name__}.{hook}")

@@ -14,7 +14,15 @@ A job asks for the plugin with either of:
 * **same seed, same run** (:data:`REPRODUCIBLE_KEY`, ``+trainer.reproducible=True``, for any loss): a per-request
   rollout seed and the training batch in a canonical order (:mod:`.determinism`).
 
-The decision reads the job's config only (never the environment), once per verl object that lives as long as the job
+Beyond the mask, each of the plugin's options is asked for by its own key and loaded only then: the diagnostics
+(``policy_loss.mask_statistics``, ``policy_loss.dump_tokens``; :func:`asks_for_diagnostics`), the reproducibility
+switch, ``stats_source=current_minibatch`` and the ``s2t_random`` ablation (:func:`asks_for_extras`). The options
+with driver-side wrappers (the diagnostics in the trainer, the switch in the trainer and the agent loop) reach the
+Ray processes as :data:`OPT_INS_ENV`, which the ``validate_config`` wrapper sets on the driver before Ray starts (as
+verl's ``run_ppo`` passes ``VERL_FULL_DETERMINISM``); the plugin installs their wrappers at load when it names them
+(:func:`opt_ins_from_env`).
+
+The decision reads the job's config (the environment only says which wrappers to install), once per verl object that lives as long as the job
 in its process (trainer, agent-loop worker), cached on it like the rest of the plugin's per-object state.
 
 **The audit record.** With ``STAPO_AUDIT_DIR=<dir>`` in a process's environment, each wrapper that acts (not a
@@ -33,6 +41,10 @@ from types import MappingProxyType
 REPRODUCIBLE_KEY = "trainer.reproducible"
 #: the environment variable naming the audit record's directory (unset: no record)
 AUDIT_ENV = "STAPO_AUDIT_DIR"
+#: the options whose wrappers a process installs at plugin load, comma-separated (:func:`opt_ins_from_env`)
+OPT_INS_ENV = "STAPO_VERL_OPT_INS"
+#: the options with wrappers of their own, in install order
+OPT_INS = ("diagnostics", "reproducible")
 #: where the decision is cached on a verl object (ledger: the ``state kept on the instance`` entries)
 REQUEST_ATTR = "_stapo_request"
 _POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
@@ -46,6 +58,10 @@ REPLACED_LOSS_MODES = MappingProxyType({
 })
 
 
+class TokenMaskIntegrationError(RuntimeError):
+    """A token mask is configured, but this worker cannot apply it (its loss is not verl's ``ppo_loss``)."""
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """What one job asks of the plugin.
@@ -54,10 +70,12 @@ class JobRequest:
         masked: the policy-loss config asks for a token mask (``loss_mode=stapo``, a ``token_mask``, or a loss mode
             of an earlier stapo-verl version that a mask replaced; :func:`asks_for_mask`).
         reproducible: :data:`REPRODUCIBLE_KEY` is true.
+        diagnostics: the masked job asks for the diagnostics (:func:`asks_for_diagnostics`).
     """
 
     masked: bool = False
     reproducible: bool = False
+    diagnostics: bool = False
 
     @property
     def asks(self) -> bool:
@@ -88,6 +106,35 @@ def asks_for_mask(policy_loss) -> bool:
     """
     loss_mode = _get(policy_loss, "loss_mode", "vanilla")
     return loss_mode == "stapo" or loss_mode in REPLACED_LOSS_MODES or _get(policy_loss, "token_mask") is not None
+
+
+def asks_for_diagnostics(policy_loss) -> bool:
+    """Whether a masked job asks for the diagnostics (``mask_statistics`` or ``dump_tokens``; default off). Same
+    argument as :func:`asks_for_mask`; raises nothing."""
+    return asks_for_mask(policy_loss) and bool(_get(policy_loss, "mask_statistics", False) or
+                                               _get(policy_loss, "dump_tokens", False))
+
+
+def asks_for_extras(policy_loss) -> bool:
+    """Whether the mask pre-pass needs the plugin's options around it (:mod:`.training_worker`): the diagnostics,
+    ``stats_source=current_minibatch`` or ``token_mask=s2t_random`` (it reads the mini-batch index). Raises
+    nothing."""
+    return asks_for_diagnostics(policy_loss) or (asks_for_mask(policy_loss) and (
+        _get(policy_loss, "stats_source") == "current_minibatch" or _get(policy_loss, "token_mask") == "s2t_random"))
+
+
+def opt_ins_of(config) -> tuple[str, ...]:
+    """The options of :data:`OPT_INS` a full trainer config asks for (raises as :func:`reproducible_of`)."""
+    policy_loss = _get(config, _POLICY_LOSS)
+    asked = {"diagnostics": policy_loss is not None and asks_for_diagnostics(policy_loss),
+             "reproducible": reproducible_of(config)}
+    return tuple(name for name in OPT_INS if asked[name])
+
+
+def opt_ins_from_env() -> tuple[str, ...]:
+    """The options :data:`OPT_INS_ENV` names (unknown names are ignored; unset: none)."""
+    named = {n.strip() for n in os.environ.get(OPT_INS_ENV, "").split(",")}
+    return tuple(name for name in OPT_INS if name in named)
 
 
 def reproducible_of(config) -> bool:
@@ -127,7 +174,8 @@ def job_request(config) -> JobRequest:
     """
     policy_loss = _get(config, _POLICY_LOSS)
     return JobRequest(masked=policy_loss is not None and asks_for_mask(policy_loss),
-                      reproducible=reproducible_of(config))
+                      reproducible=reproducible_of(config),
+                      diagnostics=policy_loss is not None and asks_for_diagnostics(policy_loss))
 
 
 def request_of(obj, config) -> JobRequest:

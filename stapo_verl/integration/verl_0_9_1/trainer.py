@@ -16,7 +16,8 @@ output's ``metrics`` through ``rename_dict`` and ``reduce_metrics`` (which avera
 ``_save_checkpoint`` / ``_load_checkpoint`` keep that driver state (the collapse windows) in verl's checkpoint folder
 (:data:`STATE_FILE`), so a resumed run continues the uninterrupted one.
 
-Only when the job asks for a token mask (``loss_mode=stapo`` or a ``token_mask``; :func:`.job.request_of`, decided
+Installed only in the processes of a job that asks for the diagnostics (:data:`.job.OPT_INS_ENV`), and acting only
+when the trainer's job asks for them (``mask_statistics`` or ``dump_tokens``; :func:`.job.request_of`, decided
 once per trainer from its config); for any other job each wrapper hands verl's method its own arguments and returns
 its result untouched.
 """
@@ -38,7 +39,7 @@ _PREFIX = "verl.trainer.ppo.v1.trainer_base.PPOTrainer."
 
 def _diagnostics_of(trainer):
     """The trainer's :class:`DriverDiagnostics` (built on first use), or None when the run does not use the plugin."""
-    if not request_of(trainer, trainer.config).masked:
+    if not request_of(trainer, trainer.config).diagnostics:
         return None
     if _STATE not in trainer.__dict__:
         from verl.utils.config import omega_conf_to_dataclass

@@ -1,25 +1,18 @@
-"""Worker-side patches of ``verl.workers.engine_workers`` (ledger: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
+"""The plugin's worker-side options around the series' mask pre-pass (imported only by a job that asks for one:
+:func:`stapo_verl.integration.verl_0_9_1.job.asks_for_extras`).
 
-The series' worker methods are :mod:`stapo_verl.core.engine_workers` (one source: ``upstream/build_series.py`` copies
-them into verl's classes). This module installs them on verl 0.9.1, each behind a dispatcher that hands a worker
-without a pre-pass verl's own method, its arguments and its result:
+:class:`StapoPrepareBatch` is the actor's ``policy_token_mask_fn`` when the actor's ``policy_loss`` selects
+``stats_source=current_minibatch``, the ``s2t_random`` mask (it reads the mini-batch index) or the diagnostics
+(``mask_statistics``, ``dump_tokens``); otherwise the mask is the series' ``partial(apply_policy_token_mask,
+actor_config)`` and nothing here is loaded (:mod:`.worker`). The ``train_batch`` dispatcher hands it the call
+(:meth:`StapoPrepareBatch.around_train_batch`), which runs the series' method with, around it:
 
-* ``TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)`` and ``ActorRolloutRefWorker.set_loss_fn`` (the same
-  signature): the series' methods once a pre-pass is set;
-* ``ActorRolloutRefWorker.init_model``: after verl's body, when the actor's ``policy_loss`` asks for a mask
-  (:func:`stapo_verl.integration.verl_0_9_1.job.asks_for_mask`), the actor's ``policy_token_mask_fn`` is a
-  :class:`StapoPrepareBatch` (the series sets ``partial(apply_policy_token_mask, actor_config)``; this one also
-  runs ``stats_source=current_minibatch``);
-* ``TrainingWorker.train_batch``: the series' method when the worker has a pre-pass (it runs the caller's
-  ``prepare_batch_fn``, then the mask, inside the engine's train mode); with the plugin's mask, the diagnostics
-  around it: the mask statistics (:mod:`stapo_verl.diagnostics.stats`; two tensor ``all_gather`` calls over DP per
-  mini-batch of their own, none with ``mask_statistics=False``), the silenced-token dump (``dump_tokens``), the
-  LM-head gradient norm (:mod:`.engine_grads`) and, when the driver asked for diagnostics
-  (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the update's payload on its last mini-batch
-  (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`);
-* ``ppo_loss`` (the name ``init_model`` builds the actor's loss from) is rebound to :func:`wrap_ppo_loss`'s
-  dispatcher: :func:`stapo_verl.core.losses.ppo_loss` (verl's function plus the mask on the policy-gradient term)
-  when the actor config asks for a mask, verl's own ``ppo_loss`` otherwise.
+* the mini-batch index (``mini_batch_index``) and global step in the batch (:class:`MiniBatchCursor`);
+* with ``mask_statistics``: the mask statistics (:mod:`stapo_verl.diagnostics.stats`; two tensor ``all_gather``
+  calls over DP per mini-batch of their own) and the LM-head gradient norm (:mod:`.engine_grads`);
+* with ``dump_tokens``: the silenced-token dump;
+* when the driver asked for diagnostics (:data:`stapo_verl.diagnostics.shipping.REQUEST_KEY`), the update's payload
+  on its last mini-batch (:class:`stapo_verl.diagnostics.shipping.DiagnosticsPayload`).
 
 What verl would pass through ``train_mini_batch`` upstream (the mini-batch index within the step) is kept on the
 worker instance in a :class:`MiniBatchCursor`: the index counts ``train_batch`` calls since the last mini-batch that
@@ -29,29 +22,21 @@ verl flagged ``update_lr_scheduler`` (the last of each ``train_mini_batch`` call
 
 from __future__ import annotations
 
-import functools
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
 
-from stapo_verl.core import engine_workers as series
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows, table_rows
 from stapo_verl.diagnostics.stats import MaskStatistics, is_vocab_size, mask_statistics
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
-from stapo_verl.integration.verl_0_9_1.job import asks_for_mask, record_acted
 
 #: worker output metric of the LM-head gradient norm (verl's driver keeps keys that already start with "actor/")
 LM_HEAD_GRAD_NORM_KEY = "actor/stapo/lm_head_grad_norm"
-
-_MARK = "__stapo_integration__"
-_PREFIX = "verl.workers.engine_workers."
-
-
-class TokenMaskIntegrationError(RuntimeError):
-    """A token mask is configured, but this worker cannot apply it (e.g. its loss is not the masked ppo_loss)."""
+from stapo_verl.integration.verl_0_9_1.job import TokenMaskIntegrationError
 
 
 @dataclass
@@ -102,28 +87,93 @@ CURRENT_ENTROPY_KEY = "stapo_current_entropy"
 
 
 class StapoPrepareBatch:
-    """The plugin's policy-token-mask pre-pass: the actor's ``policy_token_mask_fn`` (set by the ``init_model``
-    hook; the upstream series' contract, :mod:`stapo_verl.core.engine_workers`), or, passed as
-    ``set_loss_fn(loss_fn, prepare_batch_fn=...)``, a pre-pass like any other.
+    """The plugin's policy-token-mask pre-pass with its options: the actor's ``policy_token_mask_fn`` (set by the
+    ``init_model`` dispatcher, :mod:`.worker`), or, passed as ``set_loss_fn(loss_fn, prepare_batch_fn=...)``, a
+    pre-pass like any other.
 
     ``__call__(data, *, engine, dp_group) -> metrics`` runs the actor's ``policy_loss.token_mask`` on one optimizer
     mini-batch: on the old policy's statistics (:func:`stapo_verl.core.losses.apply_policy_token_mask`, no
     forward), or with ``stats_source=current_minibatch`` on those of one no-grad forward through ``engine``, whose
     log-probs and entropies it also writes under :data:`CURRENT_LOG_PROBS_KEY` / :data:`CURRENT_ENTROPY_KEY`
-    (the statistics and the dump read them; the ``train_batch`` wrapper takes them out before verl's body).
+    (the statistics and the dump read them; :meth:`around_train_batch` takes them out before verl's body).
 
     Attributes:
-        config: the actor's ``ActorConfig`` (built by ``ActorRolloutRefWorker.init_model``'s hook from the worker's
-            own config, as verl builds the one ``ppo_loss`` is bound to). forward_keys: :func:`current_forward_keys` of the actor.
+        config: the actor's ``ActorConfig`` (verl's, the one ``ppo_loss`` is bound to).
+        forward_keys: :func:`current_forward_keys` of the actor.
     """
 
     def __init__(self, config, forward_keys: dict):
         self.config, self.forward_keys = config, dict(forward_keys)
 
+    @classmethod
+    def for_worker(cls, config, worker) -> "StapoPrepareBatch":
+        """The pre-pass of ``worker`` (a ``TrainingWorker``) for the actor config ``config``."""
+        return cls(config, current_forward_keys(worker))
+
     def __call__(self, data, *, engine, dp_group=None) -> dict[str, float]:
         if self.config.policy_loss.stats_source != "current_minibatch":
             return apply_policy_token_mask(self.config, data, dp_group, engine)
         return _current_minibatch_mask(self.config, data, engine, self.forward_keys, dp_group)
+
+    def around_train_batch(self, worker, data, train_batch):
+        """``train_batch(worker, data)`` (the series' ``TrainingWorker.train_batch``) with the mini-batch index and
+        the diagnostics around it (see the module docstring); returns its output with the diagnostics' metrics.
+
+        Raises:
+            TokenMaskIntegrationError: the worker's loss is not :func:`stapo_verl.core.losses.ppo_loss`.
+        """
+        config = self.config
+        require_masked_loss(worker.loss_fn, config.policy_loss.token_mask)
+        from verl.utils import tensordict_utils as tu
+
+        cursor = worker.__dict__.setdefault("_stapo_cursor", MiniBatchCursor())
+        step = global_step_of(tu.get(data, "global_steps")) if "global_steps" in data.keys() else 0
+        index = cursor.enter(step)
+        if "global_steps" not in data.keys():
+            tu.assign_non_tensor(data, global_steps=step)
+        tu.assign_non_tensor(data, mini_batch_index=index)
+        last = bool(tu.get(data, "update_lr_scheduler", default=False))
+        pl, lm_head = config.policy_loss, {}
+        try:
+            with reading_lm_head_grad_norm(worker.engine, lm_head) if pl.mask_statistics else nullcontext():
+                output = train_batch(worker, data)
+        finally:
+            cursor.leave(last)
+
+        # diagnostics of the mini-batch the mask ran on (the pre-pass wrote the mask into data)
+        dp_group = worker.engine.get_data_parallel_group()
+        is_output_rank = bool(worker.engine.is_mp_src_rank_with_outputs())
+        s2t = pl.token_mask in S2T_TOKEN_MASKS
+        statistics = s2t and is_output_rank and bool(pl.mask_statistics)  # the same on every rank of a DP group
+        masked = _take_current(data)
+        metrics = tu.get(output, "metrics") if output is not None else {}  # the pre-passes' joined them (τ_h)
+        padded = _padded_fields(masked) if s2t and (statistics or pl.dump_tokens) else None
+        if padded is not None:
+            padded[POLICY_LOSS_MASK_KEY] = _padded(masked[POLICY_LOSS_MASK_KEY])
+        extra = {}
+        if statistics:
+            stats = minibatch_statistics(config, padded, vocab_size_of(worker), dp_group)
+            extra.update(stats.to_metrics())
+            cursor.add_histograms(stats.histograms)
+        # the driver's request (None: no diagnostics asked for, e.g. a trainer without the plugin's driver patch)
+        request = tu.get(data, REQUEST_KEY, default=None)
+        rows = _dump(worker, config, data, padded, metrics, step, index, cursor) if padded is not None else []
+        if request is not None:
+            cursor.rows.extend(rows)
+        payload = None
+        if last and request is not None and is_output_rank:
+            payload = _payload(config, cursor, step, bool(request), dp_group, worker.engine.get_data_parallel_rank())
+        elif last:
+            cursor.take_update()
+        if output is not None:
+            output_metrics = tu.get(output, "metrics")
+            output_metrics.update(extra)
+            if lm_head.get("norm") is not None:
+                output_metrics[LM_HEAD_GRAD_NORM_KEY] = lm_head["norm"]
+            if payload is not None:
+                output_metrics[PAYLOAD_KEY] = payload
+            tu.assign_non_tensor(output, metrics=output_metrics)
+        return output
 
 
 def current_forward_keys(worker) -> dict:
@@ -302,14 +352,13 @@ def _payload(config, cursor, step, table_due, dp_group, dp_rank) -> DiagnosticsP
 
 def require_masked_loss(loss_fn, token_mask: str) -> None:
     """Raise unless ``loss_fn`` (a ``functools.partial``, as ``ActorRolloutRefWorker.init_model`` builds it) is the
-    masked ``ppo_loss`` (the plugin's, or :func:`wrap_ppo_loss`'s dispatcher).
+    masked ``ppo_loss`` (:func:`stapo_verl.core.losses.ppo_loss`).
 
     Raises:
         TokenMaskIntegrationError: another loss (distillation's, or a verl whose ``init_model`` no longer builds the
             loss from ``verl.workers.engine_workers.ppo_loss``): the mask ``token_mask`` would not be applied.
     """
-    loss = getattr(loss_fn, "func", None)
-    if loss is not core_losses.ppo_loss and not getattr(loss, _MARK, False):
+    if getattr(loss_fn, "func", None) is not core_losses.ppo_loss:
         raise TokenMaskIntegrationError(
             f"actor.policy_loss.token_mask={token_mask!r} is set, but the actor's loss function is "
             f"{getattr(loss_fn, 'func', loss_fn)!r}, not stapo_verl.core.losses.ppo_loss (distillation, or a verl "
@@ -318,203 +367,3 @@ def require_masked_loss(loss_fn, token_mask: str) -> None:
         )
 
 
-def _pre_passes(worker) -> tuple:
-    """The worker's ``(prepare_batch_fn, policy_token_mask_fn)`` as the series' ``TrainingWorker`` holds them (None
-    where unset)."""
-    return worker.__dict__.get("prepare_batch_fn"), worker.__dict__.get("policy_token_mask_fn")
-
-
-def _stapo_pre_pass(worker) -> StapoPrepareBatch | None:
-    """The plugin's mask pre-pass among the worker's pre-passes (the mask slot first), or None."""
-    for fn in reversed(_pre_passes(worker)):
-        if isinstance(fn, StapoPrepareBatch):
-            return fn
-    return None
-
-
-def wrap_train_batch(orig):
-    """The ``TrainingWorker.train_batch`` replacement: verl's method for a worker without a pre-pass; the series'
-    (:meth:`stapo_verl.core.engine_workers.TrainingWorker.train_batch`) with one, and with the plugin's mask the
-    diagnostics around it (see the module docstring)."""
-
-    @functools.wraps(orig)
-    def train_batch(self, data):
-        if not any(_pre_passes(self)):
-            return orig(self, data)
-        record_acted(_PREFIX + "TrainingWorker.train_batch")
-        self.__dict__.setdefault("prepare_batch_fn", None)  # the series' __init__ sets both
-        self.__dict__.setdefault("policy_token_mask_fn", None)
-        prepare = _stapo_pre_pass(self)
-        if prepare is None:  # only another pre-pass (a user's): the series' method, nothing of the plugin's
-            return series.TrainingWorker.train_batch(self, data)
-        config = prepare.config
-        require_masked_loss(self.loss_fn, config.policy_loss.token_mask)
-        from verl.utils import tensordict_utils as tu
-
-        cursor = self.__dict__.setdefault("_stapo_cursor", MiniBatchCursor())
-        step = global_step_of(tu.get(data, "global_steps")) if "global_steps" in data.keys() else 0
-        index = cursor.enter(step)
-        if "global_steps" not in data.keys():
-            tu.assign_non_tensor(data, global_steps=step)
-        tu.assign_non_tensor(data, mini_batch_index=index)
-        last = bool(tu.get(data, "update_lr_scheduler", default=False))
-        try:
-            with reading_lm_head_grad_norm(self.engine, {}) as lm_head:
-                output = series.TrainingWorker.train_batch(self, data)
-        finally:
-            cursor.leave(last)
-
-        # diagnostics of the mini-batch the mask ran on (the pre-pass wrote the mask into data)
-        dp_group = self.engine.get_data_parallel_group()
-        pl = config.policy_loss
-        is_output_rank = bool(self.engine.is_mp_src_rank_with_outputs())
-        s2t = pl.token_mask in S2T_TOKEN_MASKS
-        statistics = s2t and is_output_rank and bool(pl.mask_statistics)  # the same on every rank of a DP group
-        masked = _take_current(data)
-        metrics = tu.get(output, "metrics") if output is not None else {}  # the pre-passes' joined them (τ_h)
-        padded = _padded_fields(masked) if s2t and (statistics or pl.dump_tokens) else None
-        if padded is not None:
-            padded[POLICY_LOSS_MASK_KEY] = _padded(masked[POLICY_LOSS_MASK_KEY])
-        extra = {}
-        if statistics:
-            stats = minibatch_statistics(config, padded, vocab_size_of(self), dp_group)
-            extra.update(stats.to_metrics())
-            cursor.add_histograms(stats.histograms)
-        # the driver's request (None: no diagnostics asked for, e.g. a trainer without the plugin's driver patch)
-        request = tu.get(data, REQUEST_KEY, default=None)
-        rows = _dump(self, config, data, padded, metrics, step, index, cursor) if padded is not None else []
-        if request is not None:
-            cursor.rows.extend(rows)
-        payload = None
-        if last and request is not None and is_output_rank:
-            payload = _payload(config, cursor, step, bool(request), dp_group, self.engine.get_data_parallel_rank())
-        elif last:
-            cursor.take_update()
-        if output is not None:
-            output_metrics = tu.get(output, "metrics")
-            output_metrics.update(extra)
-            if lm_head.get("norm") is not None:
-                output_metrics[LM_HEAD_GRAD_NORM_KEY] = lm_head["norm"]
-            if payload is not None:
-                output_metrics[PAYLOAD_KEY] = payload
-            tu.assign_non_tensor(output, metrics=output_metrics)
-        return output
-
-    setattr(train_batch, _MARK, True)
-    return train_batch
-
-
-def wrap_ppo_loss(orig):
-    """The function ``verl.workers.engine_workers.ppo_loss`` is rebound to: with the actor config's
-    ``policy_loss.token_mask`` set, :func:`stapo_verl.core.losses.ppo_loss` (verl 0.9.1's ``ppo_loss`` plus the mask
-    on the policy-gradient term); otherwise ``orig`` (verl's ``verl.workers.utils.losses.ppo_loss``) with the
-    caller's own arguments, and its result untouched.
-
-    Args:
-        orig: verl's ``ppo_loss(config, model_output, data, dp_group=None)``; ``ActorRolloutRefWorker.init_model``
-            binds ``config`` (the ``ActorConfig``) with ``functools.partial``.
-    """
-
-    @functools.wraps(orig)
-    def ppo_loss(*args, **kwargs):
-        config = kwargs["config"] if "config" in kwargs else args[0]
-        if not asks_for_mask(config.policy_loss):
-            return orig(*args, **kwargs)
-        record_acted(_PREFIX + "ppo_loss")
-        return core_losses.ppo_loss(*args, **kwargs)
-
-    setattr(ppo_loss, _MARK, True)
-    return ppo_loss
-
-
-def replace_set_loss_fn(orig):
-    """``TrainingWorker.set_loss_fn`` as the upstream series shapes it
-    (:meth:`stapo_verl.core.engine_workers.TrainingWorker.set_loss_fn`), keeping ``orig``'s name and verl's
-    ``@register`` dispatch attributes; verl's own method while no pre-pass is set or passed."""
-
-    @functools.wraps(orig)
-    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
-        if prepare_batch_fn is None and "prepare_batch_fn" not in self.__dict__:
-            return orig(self, loss_fn)
-        record_acted(_PREFIX + "TrainingWorker.set_loss_fn")
-        return series.TrainingWorker.set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
-
-    setattr(set_loss_fn, _MARK, True)
-    return set_loss_fn
-
-
-def replace_actor_set_loss_fn(orig):
-    """``ActorRolloutRefWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)`` as the upstream series shapes it
-    (:meth:`stapo_verl.core.engine_workers.ActorRolloutRefWorker.set_loss_fn`: the actor's policy token mask stays);
-    verl's own method while no pre-pass is set or passed."""
-
-    @functools.wraps(orig)
-    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
-        if prepare_batch_fn is None and "prepare_batch_fn" not in self.actor.__dict__:
-            return orig(self, loss_fn)
-        record_acted(_PREFIX + "ActorRolloutRefWorker.set_loss_fn")
-        return series.ActorRolloutRefWorker.set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
-
-    setattr(set_loss_fn, _MARK, True)
-    return set_loss_fn
-
-
-def wrap_init_model(orig):
-    """``ActorRolloutRefWorker.init_model`` wrapper: once verl built the actor, set its ``policy_token_mask_fn`` when
-    the actor's ``policy_loss`` asks for a mask (the series' ``init_model`` sets
-    ``partial(apply_policy_token_mask, actor_config)``); the actor config is built from the worker's own config as
-    verl builds it (``omega_conf_to_dataclass``).
-
-    Raises:
-        TokenMaskIntegrationError: a token mask with a loss that is not the plugin's ``ppo_loss`` (distillation).
-    """
-
-    @functools.wraps(orig)
-    def init_model(self, *args, **kwargs):
-        out = orig(self, *args, **kwargs)
-        actor = self.__dict__.get("actor")
-        policy_loss = self.config.actor.get("policy_loss", None)
-        if actor is None or policy_loss is None or not asks_for_mask(policy_loss):
-            return out
-        from verl.utils.config import omega_conf_to_dataclass
-
-        config = omega_conf_to_dataclass(self.config.actor)
-        config.model_config = actor.model_config
-        require_masked_loss(self.loss_fn, config.policy_loss.token_mask)
-        record_acted(_PREFIX + "ActorRolloutRefWorker.init_model")
-        actor.policy_token_mask_fn = StapoPrepareBatch(config, current_forward_keys(actor))
-        return out
-
-    setattr(init_model, _MARK, True)
-    return init_model
-
-
-def patch_engine_workers(module) -> None:
-    """Post-import hook of ``verl.workers.engine_workers``: rebind ``ppo_loss`` to :func:`wrap_ppo_loss`'s
-    dispatcher; install the series' ``TrainingWorker.set_loss_fn`` / ``train_batch`` and
-    ``ActorRolloutRefWorker.set_loss_fn`` behind their dispatchers; ``ActorRolloutRefWorker.init_model`` sets the
-    actor's mask (idempotent)."""
-    if not getattr(module.ppo_loss, _MARK, False):
-        module.ppo_loss = wrap_ppo_loss(module.ppo_loss)
-    cls = module.TrainingWorker
-    if not getattr(cls.train_batch, _MARK, False):
-        cls.train_batch = wrap_train_batch(cls.train_batch)
-    if not getattr(cls.set_loss_fn, _MARK, False):
-        cls.set_loss_fn = replace_set_loss_fn(cls.set_loss_fn)
-    arr = module.ActorRolloutRefWorker
-    if not getattr(arr.init_model, _MARK, False):
-        arr.init_model = wrap_init_model(arr.init_model)
-    if not getattr(arr.set_loss_fn, _MARK, False):
-        arr.set_loss_fn = replace_actor_set_loss_fn(arr.set_loss_fn)
-
-
-def is_installed() -> bool:
-    """True if this process's ``verl.workers.engine_workers`` carries the patches (imports that module)."""
-    import verl.workers.engine_workers as engine_workers
-
-    return getattr(engine_workers.ppo_loss, _MARK, False) and all(
-        getattr(method, _MARK, False)
-        for method in (engine_workers.TrainingWorker.train_batch, engine_workers.TrainingWorker.set_loss_fn,
-                       engine_workers.ActorRolloutRefWorker.init_model,
-                       engine_workers.ActorRolloutRefWorker.set_loss_fn)
-    )

@@ -10,7 +10,7 @@ argv: out.pt model_dir tp pp
 
 1. ``infer_batch`` with ``calculate_entropy=True`` (the v1 trainer's old-log-prob pass) → log-probs, entropy.
 2. Two ``train_batch`` calls on the same 8-row mini-batch (2-row micro-batches), each through the plugin's own
-   ``TrainingWorker.train_batch`` wrapper (``stapo_verl.integration.verl_0_9_1.training_worker.wrap_train_batch``)
+   ``TrainingWorker.train_batch`` wrapper (``stapo_verl.integration.verl_0_9_1.worker.wrap_train_batch``)
    around a minimal worker whose loss is the plugin's ``ppo_loss``: ``loss_mode=stapo`` (vanilla + the S2T mask
    from step 1's old-policy values, DP-gathered) on the initial weights, then ``loss_mode=gspo`` with
    ``token_mask=s2t`` on the updated ones. Each micro-batch's policy-gradient inputs (the mask, its denominator)
@@ -131,7 +131,7 @@ def run_train_batch(engine, td, cfg):
     from verl.utils import tensordict_utils as tu
 
     from stapo_verl.core import losses as core_losses
-    from stapo_verl.integration.verl_0_9_1.training_worker import wrap_train_batch
+    from stapo_verl.integration.verl_0_9_1.worker import wrap_train_batch
 
     from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
 

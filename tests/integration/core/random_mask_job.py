@@ -18,7 +18,8 @@ from verl.utils import tensordict_utils as tu
 
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY
-from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, wrap_train_batch
+from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
+from stapo_verl.integration.verl_0_9_1.worker import wrap_train_batch
 
 
 def main(mode):

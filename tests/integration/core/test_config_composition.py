@@ -27,8 +27,8 @@ from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
     StapoConfigError,
     StapoPolicyLossConfig,
     fill_policy_loss_target,
-    validate_token_mask_config,
 )
+from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
 
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 PL = "actor_rollout_ref.actor.policy_loss"

@@ -18,8 +18,8 @@ from support.procs import child_env, free_port
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
     StapoConfigError,
     stapo_target,
-    validate_token_mask_config,
 )
+from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
 from stapo_verl.minibatch.dump_schema import SCHEMA
 
 CAP = 12

@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_dir
 
 import verl
 from stapo_verl.core.masks import TOKEN_MASKS
-from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError, validate_token_mask_config
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError
+from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
 
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 OURS = "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig"

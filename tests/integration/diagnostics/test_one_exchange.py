@@ -29,7 +29,8 @@ import stapo_verl.plugin  # noqa: F401  (the config class checks that the plugin
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY, apply_policy_token_mask
 from stapo_verl.diagnostics.stats import mask_statistics
-from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, wrap_train_batch
+from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
+from stapo_verl.integration.verl_0_9_1.worker import wrap_train_batch
 
 #: |V| the stand-in worker's model reports (the silenced-gradient share's upper bound needs it)
 VOCAB = 1000

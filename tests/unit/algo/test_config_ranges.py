@@ -22,8 +22,8 @@ from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
     StapoConfigError,
     StapoPolicyLossConfig,
     stapo_target,
-    validate_token_mask_config,
 )
+from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
 from stapo_verl.diagnostics.collapse import RunningZScore
 from stapo_verl.diagnostics.quadrants import quadrant_masks
 from stapo_verl.diagnostics.stats import log10_p_edges, mask_statistics
@@ -97,7 +97,7 @@ def test_library_preconditions_are_the_configs_check():
     assert _error(quadrant_masks, lp, h, adv, rm, 1.0, 0.5) == _config_error(loss_mode="stapo", s2t_tau_p=1.0)
     for window, warmup in ((3, 4), (1, 1), (5, 1)):
         assert _error(RunningZScore, window=window, warmup=warmup) == _config_error(
-            loss_mode="stapo", collapse_window=window, collapse_warmup_steps=warmup)
+            loss_mode="stapo", mask_statistics=True, collapse_window=window, collapse_warmup_steps=warmup)
     defaults = StapoPolicyLossConfig()
     for key, rule in RANGES.items():  # every range says what it allows and admits the default
         assert rule.allowed and check_range(key, getattr(defaults, key)) == getattr(defaults, key), key

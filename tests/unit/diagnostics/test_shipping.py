@@ -61,17 +61,20 @@ def test_take_payloads_removes_the_key_so_verls_reduction_never_sees_it():
 ])
 def test_bad_values_raise_naming_the_key(key, value, allowed):
     with pytest.raises(StapoConfigError, match=rf"policy_loss\.{key}={value!r}.*{allowed}"):
-        actor_config("stapo", **{key: value})
+        actor_config("stapo", mask_statistics=True, **{key: value})
+    assert actor_config("stapo", **{key: value}).policy_loss.mask_statistics is False  # not asked: not read
 
 
 def test_dump_every_needs_the_dump():
     with pytest.raises(StapoConfigError, match=r"policy_loss\.dump_every=3 .* needs .*policy_loss\.dump_tokens=True"):
-        actor_config("stapo", dump_every=3)
+        actor_config("stapo", mask_statistics=True, dump_every=3)
 
 
-def test_defaults_and_string_coercion():
-    pl = actor_config("stapo", dump_tokens=True, dump_every="2", collapse_z_threshold=None).policy_loss
+def test_defaults_and_types():
+    pl = actor_config("stapo", dump_tokens=True, dump_every=2, collapse_z_threshold=None).policy_loss
     assert pl.dump_every == 2 and pl.collapse_z_threshold is None
+    with pytest.raises(StapoConfigError, match=r"policy_loss\.dump_every='2' \(str\): allowed an int or null"):
+        actor_config("stapo", dump_tokens=True, dump_every="2")
     pl = actor_config("stapo").policy_loss
     assert (pl.dump_every, pl.table_max_rows, pl.collapse_z_threshold, pl.collapse_window,
             pl.collapse_warmup_steps) == (None, 256, 5.0, 20, 10)

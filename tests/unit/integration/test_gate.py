@@ -9,6 +9,7 @@ from stapo_verl.core import losses as core_losses
 from stapo_verl.integration import verl_0_9_1 as integ
 from stapo_verl.ledger import Patch
 from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, check_verl, fingerprint, mismatches
+from stapo_verl.integration.verl_0_9_1 import installer
 
 
 def test_installed_verl_matches_the_ledger():
@@ -32,8 +33,8 @@ def test_version_mismatch_names_expected_and_found(monkeypatch):
 
 def test_first_differing_symbol_is_named(monkeypatch):
     patches = list(integ.PATCHES)
-    patches[2] = dataclasses.replace(patches[2], source_sha256="0" * 64)  # ppo_loss's body "changed"
-    patches[3] = dataclasses.replace(patches[3], signature="(config)")  # and a later signature
+    patches[1] = dataclasses.replace(patches[1], source_sha256="0" * 64)  # ppo_loss's body "changed"
+    patches[2] = dataclasses.replace(patches[2], signature="(config)")  # and a later signature
     monkeypatch.setattr(integ, "PATCHES", tuple(patches))
     with pytest.raises(IncompatibleVerlError, match=r"first differing symbol: verl\.workers\.utils\.losses\.ppo_loss"):
         check_verl()
@@ -71,11 +72,16 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
     from verl.workers.engine.megatron.transformer_impl import MegatronEngine
 
     mark = "__stapo_integration__"
-    assert getattr(engine_workers.TrainingWorker.train_batch, mark, False)
-    assert getattr(engine_workers.ppo_loss, mark, False)  # the dispatcher: verl's ppo_loss unless a mask is set
-    assert engine_workers.ppo_loss.__wrapped__ is losses.ppo_loss and losses.ppo_loss is not core_losses.ppo_loss
-    assert getattr(verl_config.validate_config, mark, False)
-    assert getattr(main_ppo.run_ppo, mark, False)
+    # the masked job's wrappers (PATCHES): installed at plugin load in every process
+    for method in (engine_workers.TrainingWorker.train_batch, engine_workers.TrainingWorker.set_loss_fn,
+                   engine_workers.ActorRolloutRefWorker.set_loss_fn, engine_workers.ActorRolloutRefWorker.init_model,
+                   verl_config.validate_config, main_ppo.run_ppo):
+        assert getattr(method, mark, False), method
+    # the actor's loss is swapped by init_model for a masked job only: the module-level name stays verl's
+    assert engine_workers.ppo_loss is losses.ppo_loss and losses.ppo_loss is not core_losses.ppo_loss
+    # the options' wrappers: installed by their own install (at plugin load when STAPO_VERL_OPT_INS names them)
+    installer.install_opt_in("diagnostics")
+    installer.install_opt_in("reproducible")
     for name in ("_update_actor", "_save_checkpoint", "_load_checkpoint", "_build_replay_buffer"):
         assert getattr(getattr(trainer_base.PPOTrainer, name), mark, False), name
     assert getattr(agent_loop.AgentLoopWorker._run_agent_loop, mark, False)
@@ -87,41 +93,30 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
     assert "optimizer_step" in vars(FSDPEngine) and "optimizer_step" in vars(MegatronEngine)
     assert not getattr(FSDPEngine.optimizer_step, mark, False) and not getattr(MegatronEngine.optimizer_step, mark,
                                                                                   False)
-    # the ledger lists exactly these symbols (plus the bodies the wrappers depend on: the copied ppo_loss, the
-    # engines' train_batch that calls optimizer_step)
-    assert {p.symbol for p in integ.PATCHES} == {
+    # the masked job's ledger lists exactly its wrappers and the body the masked loss copies
+    assert [p.symbol for p in integ.PATCHES] == [
         "verl.workers.engine_workers.TrainingWorker.train_batch",
+        "verl.workers.utils.losses.ppo_loss",
+        "verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
         "verl.workers.engine_workers.TrainingWorker.set_loss_fn",
         "verl.workers.engine_workers.ActorRolloutRefWorker.set_loss_fn",
-        "verl.workers.engine_workers.ppo_loss",
-        "verl.workers.utils.losses.ppo_loss",
-        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor",
-        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._save_checkpoint",
-        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._load_checkpoint",
-        "verl.experimental.agent_loop.agent_loop.AgentLoopWorker._run_agent_loop",
-        "verl.trainer.ppo.v1.agent_loop_tq.AgentLoopWorkerTQ._run_prompt",
-        "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._select_prompt_uids",
-        "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._materialize_batch",
-        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._build_replay_buffer",
-        "verl.workers.engine.fsdp.transformer_impl.FSDPEngine.optimizer_step",
-        "verl.workers.engine.megatron.transformer_impl.MegatronEngine.optimizer_step",
-        "verl.workers.engine.base.BaseEngine.train_batch",
         "verl.utils.config.validate_config",
         "verl.trainer.main_ppo.run_ppo",
-        # relied on, called, or state kept on their instances (not patched)
-        "verl.workers.engine_workers.TrainingWorker.train_mini_batch",
-        "verl.workers.engine_workers.TrainingWorker.infer_batch",
-        "verl.workers.engine.base.BaseEngine.eval_mode",
-        "verl.workers.engine.base.BaseEngine.infer_batch",
-        "verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
-        "verl.workers.engine_workers.TrainingWorker.__init__",
-        "verl.trainer.ppo.v1.trainer_base.PPOTrainer.__init__",
-        "verl.experimental.agent_loop.agent_loop.AgentLoopWorker.__init__",
-        "verl.trainer.main_ppo.main",
-        "verl.trainer.main_ppo.TaskRunnerV1.run",
+    ]
+    assert {name: [p.symbol.rsplit(".", 2)[-2] + "." + p.symbol.rsplit(".", 1)[-1] for p in patches]
+            for name, patches in integ.opt_in_patches().items()} == {
+        "diagnostics": ["PPOTrainer._update_actor", "PPOTrainer._save_checkpoint", "PPOTrainer._load_checkpoint",
+                        "PPOTrainer.__init__"],
+        "extras": ["FSDPEngine.optimizer_step", "MegatronEngine.optimizer_step", "BaseEngine.train_batch",
+                   "TrainingWorker.train_mini_batch", "TrainingWorker.infer_batch", "BaseEngine.eval_mode",
+                   "BaseEngine.infer_batch", "TrainingWorker.__init__"],
+        "reproducible": ["AgentLoopWorker._run_agent_loop", "AgentLoopWorkerTQ._run_prompt",
+                         "ReplayBuffer._select_prompt_uids", "ReplayBuffer._materialize_batch",
+                         "PPOTrainer._build_replay_buffer", "AgentLoopWorker.__init__"],
+        "dryrun": ["main_ppo.main", "TaskRunnerV1.run"],
     }
     # verl's own modules are otherwise untouched: the other TrainingWorker methods are verl's
     for name in ("train_mini_batch", "infer_batch"):
         assert not getattr(getattr(engine_workers.TrainingWorker, name), mark, False)
-    for p in integ.PATCHES:
+    for p in integ.all_patches():
         assert p.why and p.upstream and p.remove_when and p.action

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import stapo_verl
-from stapo_verl.integration.verl_0_9_1 import PATCHES
+from stapo_verl.integration.verl_0_9_1 import all_patches
 
 PACKAGE = Path(stapo_verl.__file__).parent
 INTEGRATION = PACKAGE / "integration"
@@ -79,7 +79,7 @@ def touched(tree) -> dict[str, set[str]]:
 
 
 def _ledger_text() -> str:
-    return "\n".join(f"{p.symbol} {p.action}" for p in PATCHES)
+    return "\n".join(f"{p.symbol} {p.action}" for p in all_patches())
 
 
 def _named(name: str, text: str) -> bool:
@@ -93,7 +93,7 @@ PACKAGE_FILES = list(_sources(PACKAGE, exclude=("cpu",)))
 
 @pytest.mark.parametrize("path,tree", INTEGRATION_FILES, ids=lambda v: v.name if isinstance(v, Path) else "")
 def test_every_wrapper_assignment_and_state_name_is_in_the_ledger(path, tree):
-    symbols = {p.symbol.rsplit(".", 1)[-1] for p in PATCHES}
+    symbols = {p.symbol.rsplit(".", 1)[-1] for p in all_patches()}
     text = _ledger_text()
     found = touched(tree)
     assert not found["wrapped"] - symbols, f"{path.name}: wrapped without a ledger entry"
@@ -137,6 +137,6 @@ def test_the_real_touches_are_found():
     for _, tree in PACKAGE_FILES:
         for kind, names in touched(tree).items():
             found[kind] |= names
-    assert {"update_actor", "optimizer_step", "ppo_loss", "validate_config", "run_ppo"} <= found["assigned"]
+    assert {"update_actor", "optimizer_step", "policy_token_mask_fn", "validate_config", "run_ppo"} <= found["assigned"]
     assert {"_stapo_cursor", "_stapo_tokenizer", "_stapo_diagnostics"} <= found["state"]
     assert {"ray.init", "ray.is_initialized", "transfer_queue.init"} <= found["mocked"]

@@ -17,7 +17,8 @@ import stapo_verl.plugin  # noqa: F401  (the config class checks that the plugin
 from stapo_verl.core import losses as core_losses
 from stapo_verl.diagnostics import stats
 from stapo_verl.integration.verl_0_9_1 import training_worker
-from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, wrap_train_batch
+from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
+from stapo_verl.integration.verl_0_9_1.worker import wrap_train_batch
 
 #: every entry point of the statistics' work: the low-probability pass, the per-rank partials, the exchange and
 #: combination, and the worker's padding and call for them
@@ -57,7 +58,7 @@ def _train_batch(monkeypatch, loss_mode="stapo", **policy_loss) -> tuple[dict, l
 
 
 def test_with_mask_statistics_off_no_statistics_code_runs(monkeypatch):
-    on, ran_on = _train_batch(monkeypatch)
+    on, ran_on = _train_batch(monkeypatch, mask_statistics=True)
     assert set(ran_on) == {"_low_probability", "local_partials", "mask_statistics", "minibatch_statistics",
                            "_padded_fields"}
     assert "actor/stapo/silenced_grad_share_upper" in on and "actor/stapo/candidate_entropy_p75" in on
@@ -70,7 +71,7 @@ def test_with_mask_statistics_off_no_statistics_code_runs(monkeypatch):
 
 def test_no_statistics_are_computed_for_a_mask_without_candidates(monkeypatch):
     # top_entropy has no S2T candidates: no statistics whatever the switch says
-    metrics, ran = _train_batch(monkeypatch, "vanilla", token_mask="top_entropy")
+    metrics, ran = _train_batch(monkeypatch, "vanilla", token_mask="top_entropy", mask_statistics=True)
     assert ran == [] and "actor/top_entropy/kept_frac" in metrics
 
 

@@ -20,6 +20,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from stapo_verl.integration.verl_0_9_1 import determinism, driver_config, job, trainer, training_worker
+from stapo_verl.integration.verl_0_9_1 import worker as worker_patches
 
 
 @pytest.fixture(scope="module")
@@ -96,18 +97,6 @@ def _actor_config(plain_config):
     return omega_conf_to_dataclass(plain_config.actor_rollout_ref.actor)
 
 
-def test_pass_through_ppo_loss(plain_config, audit):
-    """The name ActorRolloutRefWorker.init_model binds with partial(ppo_loss, config=...): verl's function gets the
-    call of a job without a mask (the engines call it with keywords)."""
-    config = _actor_config(plain_config)
-    spy = Spy()
-    loss = functools.partial(training_worker.wrap_ppo_loss(spy), config=config)
-    model_output, data = {"log_probs": object()}, object()
-    assert loss(model_output=model_output, data=data, dp_group=None) is spy.result
-    _same(spy.calls[0], (), {"config": config, "model_output": model_output, "data": data, "dp_group": None})
-    assert os.listdir(audit) == []
-
-
 def test_pass_through_train_batch_and_the_engines_optimizer_step(plain_config, audit):
     """No pre-pass, no cursor, no field added to the mini-batch, and the engine's optimizer_step is the engine's own
     during verl's body (the FSDP and Megatron optimizer_step entries wrap it only for a job with a mask)."""
@@ -121,7 +110,7 @@ def test_pass_through_train_batch_and_the_engines_optimizer_step(plain_config, a
     data = TensorDict({"response_mask": torch.ones(2, 3)}, batch_size=[2])
     keys = set(data.keys(include_nested=True))
     spy = Spy(check=lambda self, d: (self.engine.__dict__["optimizer_step"] is step) or pytest.fail("wrapped"))
-    assert training_worker.wrap_train_batch(spy)(worker, data) is spy.result
+    assert worker_patches.wrap_train_batch(spy)(worker, data) is spy.result
     _same(spy.calls[0], (worker, data), {})
     assert set(data.keys(include_nested=True)) == keys and set(vars(worker)) == {"loss_fn", "engine"}
     assert os.listdir(audit) == []
@@ -133,17 +122,17 @@ def test_pass_through_set_loss_fn_and_init_model(plain_config, audit):
     actor = SimpleNamespace()
     spy = Spy()
     loss = object()
-    assert training_worker.replace_set_loss_fn(spy)(actor, loss) is spy.result
+    assert worker_patches.replace_set_loss_fn(spy)(actor, loss) is spy.result
     _same(spy.calls[0], (actor, loss), {})
     assert vars(actor) == {}
     worker = SimpleNamespace(actor=actor)
     spy = Spy()
-    assert training_worker.replace_actor_set_loss_fn(spy)(worker, loss) is spy.result
+    assert worker_patches.replace_actor_set_loss_fn(spy)(worker, loss) is spy.result
     _same(spy.calls[0], (worker, loss), {})
     actor.set_loss_fn = Spy()
     worker = SimpleNamespace(actor=actor, config=plain_config.actor_rollout_ref, loss_fn=loss)
     spy = Spy()
-    assert training_worker.wrap_init_model(spy)(worker) is spy.result
+    assert worker_patches.wrap_init_model(spy, verl_ppo_loss=None)(worker) is spy.result
     _same(spy.calls[0], (worker,), {})
     assert actor.set_loss_fn.calls == [] and worker.loss_fn is loss
     assert os.listdir(audit) == []
@@ -247,13 +236,70 @@ def test_a_switch_that_is_not_a_boolean_is_one_clear_error(plain_config):
 
 
 def test_a_token_mask_with_another_loss_is_refused_naming_it():
-    """The check train_batch and init_model share: the masked ppo_loss (the plugin's, or the dispatcher) passes; any
-    other loss (distillation's) is refused, since the mask would silently not apply."""
+    """The check of the options' train_batch: the masked ppo_loss passes; any other loss (distillation's) is
+    refused, since the mask would silently not apply."""
     from verl.workers.utils.losses import ppo_loss
 
     from stapo_verl.core import losses as core_losses
 
     training_worker.require_masked_loss(functools.partial(core_losses.ppo_loss, config=None), "s2t")
-    training_worker.require_masked_loss(functools.partial(training_worker.wrap_ppo_loss(ppo_loss), config=None), "s2t")
     with pytest.raises(training_worker.TokenMaskIntegrationError, match=r"token_mask='s2t'.*would not be applied"):
         training_worker.require_masked_loss(functools.partial(ppo_loss, config=None), "s2t")
+
+
+def _masked_actor(plain_config, **policy_loss):
+    """verl's ActorConfig of a masked job built as verl's init_model builds it (the plugin's config class)."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from stapo_verl.integration.verl_0_9_1.policy_loss.config import stapo_target
+
+    actor = _merged(plain_config.actor_rollout_ref.actor,
+                    {"policy_loss": {"_target_": stapo_target(), "loss_mode": "stapo", **policy_loss}})
+    return actor, omega_conf_to_dataclass(actor)
+
+
+@pytest.mark.parametrize("options", [{}, {"mask_statistics": True}, {"token_mask": "s2t_random"}])
+def test_init_model_gives_a_masked_actor_the_series_loss_and_mask(plain_config, audit, options):
+    """A masked job's init_model: the actor's loss is the series' ppo_loss bound to verl's own ActorConfig object,
+    and its mask the series' partial(apply_policy_token_mask, config) unless an option asks for StapoPrepareBatch."""
+    from verl.workers.utils.losses import ppo_loss
+
+    from stapo_verl.core import losses as core_losses
+
+    actor_node, config = _masked_actor(plain_config, **options)
+    actor = SimpleNamespace(engine_config=SimpleNamespace(use_dynamic_bsz=False, max_token_len_per_gpu=8,
+                                                          micro_batch_size_per_gpu=1, use_fused_kernels=False),
+                            model_config={})
+    actor.set_loss_fn = lambda loss_fn: setattr(actor, "loss_fn", loss_fn)
+    worker = SimpleNamespace(actor=actor, config=SimpleNamespace(actor=actor_node),
+                             loss_fn=functools.partial(ppo_loss, config=config))
+    worker_patches.wrap_init_model(Spy(), verl_ppo_loss=ppo_loss)(worker)
+    assert worker.loss_fn.func is core_losses.ppo_loss and worker.loss_fn.keywords["config"] is config
+    assert actor.loss_fn is worker.loss_fn
+    if options:
+        assert isinstance(actor.policy_token_mask_fn, training_worker.StapoPrepareBatch)
+        assert actor.policy_token_mask_fn.config is config
+    else:
+        assert actor.policy_token_mask_fn.func is core_losses.apply_policy_token_mask
+        assert actor.policy_token_mask_fn.args == (config,)
+    assert os.listdir(audit) == [f"{os.getpid()}.verl.workers.engine_workers.ActorRolloutRefWorker.init_model"]
+
+    worker.loss_fn = functools.partial(Spy(), config=config)  # distillation's loss: refused, naming the mask
+    with pytest.raises(job.TokenMaskIntegrationError, match=r"token_mask=.*would not\s+be applied"):
+        worker_patches.wrap_init_model(Spy(), verl_ppo_loss=ppo_loss)(worker)
+
+
+def test_options_reach_the_ray_processes_only_when_asked(plain_config, monkeypatch):
+    """validate_config on the driver names the options a job asks for in STAPO_VERL_OPT_INS (the Ray processes
+    install their wrappers from it) and clears a stale value for a job that asks for none."""
+    monkeypatch.setenv(job.OPT_INS_ENV, "diagnostics,reproducible")
+    driver_config.wrap_validate_config(Spy())(plain_config.copy(), True, False)
+    assert job.OPT_INS_ENV not in os.environ and job.opt_ins_from_env() == ()
+    asking = _merged(plain_config, {"trainer": {"reproducible": True}, "actor_rollout_ref": {"actor": {
+        "policy_loss": {"loss_mode": "stapo", "mask_statistics": True}}}})
+    driver_config.wrap_validate_config(Spy())(asking, True, False)
+    assert os.environ[job.OPT_INS_ENV] == "diagnostics,reproducible"
+    assert job.opt_ins_from_env() == ("diagnostics", "reproducible")
+    only_mask = _merged(plain_config, {"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "stapo"}}}})
+    driver_config.wrap_validate_config(Spy())(only_mask, True, False)
+    assert job.opt_ins_from_env() == ()

@@ -1,0 +1,148 @@
+"""The series' worker wiring installed on verl 0.9.1's ``verl.workers.engine_workers`` (ledger:
+:data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
+
+The methods are :mod:`stapo_verl.core.engine_workers` (one source: ``upstream/build_series.py`` copies them into
+verl's classes); each is installed behind a dispatcher that hands a worker without a pre-pass verl's own method, its
+arguments and its result:
+
+* ``TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)`` and ``ActorRolloutRefWorker.set_loss_fn``;
+* ``TrainingWorker.train_batch``: the series' method once a pre-pass is set. A pre-pass object with an
+  ``around_train_batch(worker, data, train_batch)`` method (the plugin's options:
+  :class:`.training_worker.StapoPrepareBatch`) runs the series' method itself, with its diagnostics around it;
+* ``ActorRolloutRefWorker.init_model``: after verl's body, when the actor's ``policy_loss`` asks for a mask
+  (:func:`.job.asks_for_mask`), the actor's loss is :func:`stapo_verl.core.losses.ppo_loss` (verl 0.9.1's plus the
+  mask, which PR A writes into verl's ``ppo_loss``) bound to verl's own actor config, and its
+  ``policy_token_mask_fn`` is the series' ``partial(apply_policy_token_mask, actor_config)``, or, for the plugin's
+  options (``stats_source=current_minibatch``, ``s2t_random``, the diagnostics), a
+  :class:`.training_worker.StapoPrepareBatch` (imported only then).
+"""
+
+from __future__ import annotations
+
+import functools
+
+from stapo_verl.core import engine_workers as series
+from stapo_verl.core import losses as core_losses
+from stapo_verl.integration.verl_0_9_1.job import (
+    TokenMaskIntegrationError,
+    asks_for_extras,
+    asks_for_mask,
+    record_acted,
+)
+
+_MARK = "__stapo_integration__"
+_PREFIX = "verl.workers.engine_workers."
+
+
+def _pre_passes(worker) -> tuple:
+    """The worker's ``(prepare_batch_fn, policy_token_mask_fn)`` (None where unset)."""
+    return worker.__dict__.get("prepare_batch_fn"), worker.__dict__.get("policy_token_mask_fn")
+
+
+def wrap_train_batch(orig):
+    """``TrainingWorker.train_batch``: verl's method without a pre-pass; the series' with one (see the module)."""
+
+    @functools.wraps(orig)
+    def train_batch(self, data):
+        fns = _pre_passes(self)
+        if not any(fns):
+            return orig(self, data)
+        record_acted(_PREFIX + "TrainingWorker.train_batch")
+        self.__dict__.setdefault("prepare_batch_fn", None)  # the series' __init__ sets both
+        self.__dict__.setdefault("policy_token_mask_fn", None)
+        for fn in reversed(fns):
+            if hasattr(fn, "around_train_batch"):
+                return fn.around_train_batch(self, data, series.TrainingWorker.train_batch)
+        return series.TrainingWorker.train_batch(self, data)
+
+    setattr(train_batch, _MARK, True)
+    return train_batch
+
+
+def replace_set_loss_fn(orig):
+    """``TrainingWorker.set_loss_fn`` as the series shapes it, keeping ``orig``'s name and verl's ``@register``
+    attributes; verl's own method while no pre-pass is set or passed."""
+
+    @functools.wraps(orig)
+    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
+        if prepare_batch_fn is None and "prepare_batch_fn" not in self.__dict__:
+            return orig(self, loss_fn)
+        record_acted(_PREFIX + "TrainingWorker.set_loss_fn")
+        return series.TrainingWorker.set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
+
+    setattr(set_loss_fn, _MARK, True)
+    return set_loss_fn
+
+
+def replace_actor_set_loss_fn(orig):
+    """``ActorRolloutRefWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)`` as the series shapes it (the actor's
+    mask stays); verl's own method while no pre-pass is set or passed."""
+
+    @functools.wraps(orig)
+    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
+        if prepare_batch_fn is None and "prepare_batch_fn" not in self.actor.__dict__:
+            return orig(self, loss_fn)
+        record_acted(_PREFIX + "ActorRolloutRefWorker.set_loss_fn")
+        return series.ActorRolloutRefWorker.set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
+
+    setattr(set_loss_fn, _MARK, True)
+    return set_loss_fn
+
+
+def wrap_init_model(orig, verl_ppo_loss):
+    """``ActorRolloutRefWorker.init_model``: after verl's body, the masked loss and the mask pre-pass (module doc).
+
+    Args:
+        orig: verl's ``init_model``.
+        verl_ppo_loss: ``verl.workers.engine_workers.ppo_loss``, the function verl binds the actor config to.
+
+    Raises:
+        TokenMaskIntegrationError: a token mask with another loss (distillation's ``distillation_ppo_loss``).
+    """
+
+    @functools.wraps(orig)
+    def init_model(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        actor, loss_fn = self.__dict__.get("actor"), self.__dict__.get("loss_fn")
+        policy_loss = self.config.actor.get("policy_loss", None)
+        if actor is None or policy_loss is None or not asks_for_mask(policy_loss):
+            return out
+        record_acted(_PREFIX + "ActorRolloutRefWorker.init_model")
+        if getattr(loss_fn, "func", None) is not verl_ppo_loss:
+            raise TokenMaskIntegrationError(
+                f"actor.policy_loss.token_mask={policy_loss.get('token_mask')!r} is set, but the actor's loss is "
+                f"{getattr(loss_fn, 'func', loss_fn)!r}, not verl's ppo_loss (distillation?): the mask would not "
+                "be applied"
+            )
+        config = loss_fn.keywords["config"]  # verl's ActorConfig, with its model_config
+        self.loss_fn = functools.partial(core_losses.ppo_loss, config=config)
+        actor.set_loss_fn(self.loss_fn)
+        if asks_for_extras(config.policy_loss):
+            from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch
+
+            actor.policy_token_mask_fn = StapoPrepareBatch.for_worker(config, actor)
+        else:
+            actor.policy_token_mask_fn = functools.partial(core_losses.apply_policy_token_mask, config)
+        return out
+
+    setattr(init_model, _MARK, True)
+    return init_model
+
+
+def patch_engine_workers(module) -> None:
+    """Post-import hook of ``verl.workers.engine_workers``: install the dispatchers above (idempotent)."""
+    cls, arr = module.TrainingWorker, module.ActorRolloutRefWorker
+    for owner, name, make in ((cls, "train_batch", wrap_train_batch), (cls, "set_loss_fn", replace_set_loss_fn),
+                              (arr, "set_loss_fn", replace_actor_set_loss_fn),
+                              (arr, "init_model", lambda orig: wrap_init_model(orig, module.ppo_loss))):
+        if not getattr(getattr(owner, name), _MARK, False):
+            setattr(owner, name, make(getattr(owner, name)))
+
+
+def is_installed() -> bool:
+    """True if this process's ``verl.workers.engine_workers`` carries the dispatchers (imports that module)."""
+    import verl.workers.engine_workers as ew
+
+    return all(getattr(m, _MARK, False) for m in (ew.TrainingWorker.train_batch, ew.TrainingWorker.set_loss_fn,
+                                                  ew.ActorRolloutRefWorker.init_model,
+                                                  ew.ActorRolloutRefWorker.set_loss_fn))
