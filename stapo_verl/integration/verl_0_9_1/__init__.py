@@ -1,30 +1,20 @@
-"""Every touch of verl 0.9.1's private API, in one place: the ledger and the version gate (install: :mod:`.installer`).
+"""The masked job's touches of verl 0.9.1's private API (:data:`PATCHES`) and the version gate (install:
+:mod:`.installer`; the options' ledgers: :mod:`.opt_in_ledger`).
 
-The plugin is a backport of an extension point verl does not have yet (a policy-token-mask registry, the mask
-pre-pass in ``TrainingWorker.train_batch``, ``ppo_loss`` applying the mask to the policy-gradient term; see
-``upstream/``). Until verl ships it, the plugin reaches into the private symbols listed in :data:`PATCHES`. Each
-entry says why, what upstream replaces it, when to remove it, and the fingerprint of the verl 0.9.1 symbol it was
-written against (signature; for a function whose body the plugin copies, the sha256 of its source).
-
-The gate runs at plugin load (:func:`.installer.install`), before anything is patched. It reads verl's version and the
-fingerprints from verl's source files (``ast``; nothing heavy is imported). It is scoped to the jobs that use the
-plugin, because the plugin is loaded by ``import verl`` in every process of every verl job of the environment:
+The plugin backports an extension point verl does not have yet (``upstream/``: a policy-token-mask registry, the
+pre-passes in ``TrainingWorker.train_batch``, ``ppo_loss`` applying the mask). Each entry of :data:`PATCHES` says what
+is done, why, what upstream replaces it, when to remove it, and the fingerprint of the verl 0.9.1 symbol (signature;
+for a body the plugin copies or relies on, the sha256 of its source). The gate runs at plugin load, before anything
+is patched, reading verl's source with ``ast`` (nothing imported):
 
 * the verl of :data:`PATCHES`: everything is installed;
-* any other verl (version or a fingerprint differs): one warning line naming both versions, and nothing in verl is
-  patched (nor is the CPU platform registered: it patches verl's private API too). ``import verl`` and every job
-  that asks for neither ``loss_mode=stapo`` nor a ``token_mask`` run exactly as without the plugin. Through public
-  registration APIs only (Hydra's ``ConfigStore``, verl's ``register_policy_loss``), a job that asks for the plugin
-  fails naming both versions and the override: when verl builds its config (``StapoPolicyLossConfig``, the
-  ``policy_loss._target_`` of the plugin's actor options that the recipes select, checks :func:`installed`), or, for
-  ``loss_mode=stapo`` on verl's own ``PolicyLossConfig`` (verl 0.9 validates ``loss_mode`` nowhere before), at the
-  first call of the registered ``stapo`` loss;
+* any other verl: one warning line, nothing patched (nor the CPU platform). Jobs that ask for nothing run as without
+  the plugin; one that asks fails naming both versions, through public registrations only (the config class of the
+  ``_target_`` checks :func:`installed`; ``loss_mode=stapo`` on verl's own config fails at its first call);
 * ``STAPO_ALLOW_UNSUPPORTED_VERL=1``: everything is installed anyway, after a loud warning listing every difference.
 
-:class:`IncompatibleVerlError` derives from ``BaseException`` (like ``SystemExit``) on purpose: verl's plugin loader
-(the ``verl.plugins`` entry-point loop in ``verl/__init__.py``) catches every ``Exception`` and logs it at DEBUG
-level, so a job that asks for the plugin must not get an error any ``except Exception`` on its way could turn into a
-silently missing plugin. Ray hands it to the driver as a ``RayTaskError`` like any other.
+:class:`IncompatibleVerlError` is a ``BaseException`` because verl's plugin loader (the ``verl.plugins`` loop in
+``verl/__init__.py``) catches ``Exception`` and logs it at DEBUG level.
 """
 
 from __future__ import annotations
@@ -33,7 +23,7 @@ import logging
 import os
 import warnings
 
-from stapo_verl.ledger import ALLOW_ENV, Patch
+from stapo_verl.ledger import ALLOW_ENV, Patch, fingerprint, ledger_mismatches  # noqa: F401 (fingerprint: API)
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +31,7 @@ VERL_VERSION = "0.9.1"
 
 
 class IncompatibleVerlError(BaseException):
-    """A job asks for the plugin (``loss_mode=stapo`` or a ``token_mask``), but the installed verl is not the one the
-    plugin's private-API patches were written for.
-
-    A ``BaseException`` so that verl's plugin loader, which catches ``Exception``, cannot hide it.
-    """
+    """A job asks for the plugin, but the installed verl is not the one its patches were written for."""
 
 
 _REMOVE = "when the installed verl contains the upstream PR named here (then drop the plugin's backport)"
@@ -155,22 +141,12 @@ def all_patches() -> tuple[Patch, ...]:
 
 
 def check_opt_in(name: str, asked_by: str) -> None:
-    """The gate of one option (a key of :func:`opt_in_patches`), run when a job asks for it: raise unless its
-    entries match the installed verl, or the override is set (then warn).
+    """The gate of one option (a key of :func:`opt_in_patches`), run on the driver when a job asks for it.
 
     Raises:
-        IncompatibleVerlError: naming ``asked_by`` and the first differing symbol.
-        KeyError: ``name`` is not an option.
+        IncompatibleVerlError: as :func:`check_verl`, for the option's entries. KeyError: ``name`` is no option.
     """
-    from stapo_verl.ledger import ledger_mismatches
-
-    problems = ledger_mismatches(opt_in_patches()[name], f"verl {VERL_VERSION}")
-    if not problems:
-        return
-    if allowed_anyway():
-        _warn_override(problems)
-        return
-    raise unsupported_verl_error(asked_by, problems)
+    _raise_unless_allowed(ledger_mismatches(opt_in_patches()[name], f"verl {VERL_VERSION}"), asked_by)
 
 
 def _verl_root() -> str:
@@ -185,17 +161,6 @@ def installed_verl_version() -> str:
         return f.read().strip()
 
 
-def fingerprint(symbol: str) -> tuple[str | None, str | None]:
-    """``(signature, source sha256)`` of a verl symbol, read from verl's source with ``ast`` (nothing imported).
-
-    Returns ``(None, None)`` when the module or the symbol does not exist. A name bound by ``from … import`` gives
-    that import statement as its signature and no hash.
-    """
-    from stapo_verl.ledger import fingerprint as source_fingerprint
-
-    return source_fingerprint(symbol)
-
-
 def mismatches() -> list[str]:
     """Every difference between the installed verl and what :data:`PATCHES` was written for, in ledger order.
 
@@ -205,8 +170,6 @@ def mismatches() -> list[str]:
     found = installed_verl_version()
     if found != VERL_VERSION:
         problems.append(f"verl {found} is installed; stapo-verl's integration is written for verl {VERL_VERSION}")
-    from stapo_verl.ledger import ledger_mismatches
-
     return problems + ledger_mismatches(PATCHES, f"verl {VERL_VERSION}")
 
 
@@ -216,12 +179,8 @@ def allowed_anyway() -> bool:
 
 
 def describe_mismatch(problems: list[str]) -> str:
-    """``stapo-verl <version> is written for verl 0.9.1; found verl <found>`` and, when the version alone does not
-    explain it, the first symbol of :data:`PATCHES` that differs.
-
-    Args:
-        problems: the output of :func:`mismatches` (non-empty).
-    """
+    """``stapo-verl <v> is written for verl 0.9.1; found verl <found>``, and the first differing symbol when the
+    version alone does not explain ``problems`` (:func:`mismatches`, non-empty)."""
     symbols = [p for p in problems if not p.startswith("verl ")]
     return (
         f"stapo-verl {_plugin_version()} is written for verl {VERL_VERSION}; found verl {installed_verl_version()}"
@@ -230,16 +189,8 @@ def describe_mismatch(problems: list[str]) -> str:
 
 
 def unsupported_verl_error(asked_by: str, problems: list[str] | None = None) -> IncompatibleVerlError:
-    """The error for a job that asks for the plugin on a verl the plugin was not written for (returned, not raised).
-
-    Args:
-        asked_by: what asked for the plugin, e.g. ``"actor_rollout_ref.actor.policy_loss.loss_mode='stapo'"``.
-        problems: :func:`mismatches` when already computed.
-
-    Returns:
-        :class:`IncompatibleVerlError` naming ``asked_by``, both verl versions (and the first differing symbol), the
-        fix and the override ``STAPO_ALLOW_UNSUPPORTED_VERL=1``.
-    """
+    """The :class:`IncompatibleVerlError` (returned) for ``asked_by`` (e.g. ``"...policy_loss.loss_mode='stapo'"``):
+    both versions, the first differing symbol, the fix and the override; ``problems``: :func:`mismatches` if known."""
     problems = mismatches() if problems is None else problems
     return IncompatibleVerlError(
         f"{asked_by} needs stapo-verl's verl integration, which is not loaded: {describe_mismatch(problems)}. "
@@ -265,29 +216,23 @@ def _warn_override(problems: list[str]) -> None:
 def check_verl(asked_by: str = "this job") -> None:
     """The gate: raise unless the installed verl matches :data:`PATCHES` or the override is set.
 
-    Args:
-        asked_by: what needs the integration (named first in the error).
-
     Raises:
-        IncompatibleVerlError: the version or a fingerprint differs and ``STAPO_ALLOW_UNSUPPORTED_VERL`` is not
-            ``1`` (:func:`unsupported_verl_error`). With the override the call warns loudly (``warnings`` and the
-            log, every difference listed) and returns.
+        IncompatibleVerlError: naming ``asked_by`` (:func:`unsupported_verl_error`). With
+            ``STAPO_ALLOW_UNSUPPORTED_VERL=1`` the call warns loudly (every difference listed) and returns.
     """
-    problems = mismatches()
-    if not problems:
-        return
-    if allowed_anyway():
+    _raise_unless_allowed(mismatches(), asked_by)
+
+
+def _raise_unless_allowed(problems: list[str], asked_by: str) -> None:
+    if problems and allowed_anyway():
         _warn_override(problems)
-        return
-    raise unsupported_verl_error(asked_by, problems)
+    elif problems:
+        raise unsupported_verl_error(asked_by, problems)
 
 
 def installed() -> bool:
-    """Whether :func:`.installer.install` put the integration in place in this process.
-
-    Read from verl itself: the ``verl.utils.config.validate_config`` wrapper is the first, eager patch of the full
-    install and carries the ``__stapo_integration__`` mark; on a verl the plugin was not written for it is absent.
-    """
+    """Whether :func:`.installer.install` put the integration in place in this process (read from verl: the
+    ``validate_config`` wrapper, its first and eager patch, carries the ``__stapo_integration__`` mark)."""
     import verl.utils.config as verl_config
 
     return bool(getattr(verl_config.validate_config, "__stapo_integration__", False))
@@ -295,11 +240,7 @@ def installed() -> bool:
 
 def unsupported_verl_policy_loss(*args, **kwargs):
     """``loss_mode=stapo`` on a verl the plugin was not written for (registered with verl's public
-    ``verl.trainer.ppo.core_algos.register_policy_loss``; verl looks the loss up at its first call in the actor).
-
-    Raises:
-        IncompatibleVerlError: always (:func:`unsupported_verl_error`).
-    """
+    ``register_policy_loss``). Raises IncompatibleVerlError, always."""
     raise unsupported_verl_error("actor_rollout_ref.actor.policy_loss.loss_mode='stapo'")
 
 

@@ -1,10 +1,5 @@
 """Installing the integration at plugin load (:func:`install`), after the gate of
-:mod:`stapo_verl.integration.verl_0_9_1`.
-
-Apart from the gate so that the gate imports none of the modules it installs: the config class the install registers
-(:mod:`.policy_loss.config`) asks the gate whether the integration is in place, and the import graph of the package
-stays free of cycles (``tests/unit/core/test_import_cycles.py``).
-"""
+:mod:`stapo_verl.integration.verl_0_9_1` (apart from it, so that the gate imports none of what it installs)."""
 
 from __future__ import annotations
 
@@ -39,21 +34,11 @@ def _register_unsupported() -> None:
 
 
 def install() -> bool:
-    """Gate, then install every patch of :data:`~stapo_verl.integration.verl_0_9_1.PATCHES` (idempotent).
-
-    On the verl of the ledger (or with ``STAPO_ALLOW_UNSUPPORTED_VERL=1``, after a loud warning): eager, the
-    ``validate_config`` wrapper and the Hydra options; lazy (post-import hooks, so loading the plugin imports
-    neither the worker stack nor ``main_ppo``), the ``TrainingWorker`` and ``ppo_loss`` patches, the ``run_ppo``
-    wrapper, the v1 trainer's wrappers, the rollout seeds and batch order
-    (:mod:`~stapo_verl.integration.verl_0_9_1.determinism`).
-
-    On any other verl: one warning line naming both versions, nothing patched, only the public registrations of
-    :func:`_register_unsupported`, so that ``import verl`` and every job that asks for neither ``loss_mode=stapo``
-    nor a ``token_mask`` run exactly as without the plugin, and one that asks fails naming both versions.
-
-    Returns:
-        True if the integration is installed, False if the plugin stays inactive.
-    """
+    """Gate, then install :data:`~stapo_verl.integration.verl_0_9_1.PATCHES` (idempotent) and the options
+    :data:`.job.OPT_INS_ENV` names: eager, the ``validate_config`` wrapper and the Hydra options; the rest as
+    post-import hooks (loading the plugin imports neither the worker stack nor ``main_ppo``). On another verl (unless
+    ``STAPO_ALLOW_UNSUPPORTED_VERL=1``, then after a loud warning): one warning line, nothing patched, only
+    :func:`_register_unsupported`. Returns whether the integration is installed."""
     problems = gate.mismatches()
     if problems and not gate.allowed_anyway():
         logger.warning("%s", gate._inactive_warning(problems))
@@ -61,19 +46,19 @@ def install() -> bool:
         return False
     if problems:
         gate._warn_override(problems)
+    from wrapt import register_post_import_hook
+
     from stapo_verl.core import masks  # noqa: F401  (registers the masks and loss_mode=stapo)
-    from stapo_verl.integration.post_import import when_imported
     from stapo_verl.integration.verl_0_9_1 import driver_config
     from stapo_verl.integration.verl_0_9_1.job import opt_ins_from_env
     from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
 
     driver_config.install_validate_config()
-    # The hooks name their module as "module:function": it is imported when verl's module is, not now. Loading the
-    # plugin then imports none of them, so a process whose first import is one of them (its body imports
-    # stapo_verl.core, hence verl, hence this plugin) is not asked here for a name it has not defined yet.
+    # "module:function" hooks: wrapt imports the module when verl's is imported, not now (a process whose first
+    # import is one of them is then not asked here for a name it has not defined yet).
     here = gate.__name__
-    when_imported("verl.trainer.main_ppo", f"{here}.driver_config:patch_main_ppo")
-    when_imported("verl.workers.engine_workers", f"{here}.worker:patch_engine_workers")
+    register_post_import_hook(f"{here}.driver_config:patch_main_ppo", "verl.trainer.main_ppo")
+    register_post_import_hook(f"{here}.worker:patch_engine_workers", "verl.workers.engine_workers")
     for name in opt_ins_from_env():
         install_opt_in(name)
     hydra_options.register()
@@ -95,7 +80,7 @@ def install_opt_in(name: str) -> None:
     Raises:
         KeyError: ``name`` is not an option.
     """
-    from stapo_verl.integration.post_import import when_imported
+    from wrapt import register_post_import_hook
 
     for module, hook in OPT_IN_HOOKS[name]:
-        when_imported(module, f"{gate.__name__}.{hook}")
+        register_post_import_hook(f"{gate.__name__}.{hook}", module)

@@ -29,7 +29,8 @@ import torch
 
 from stapo_verl.core import losses as core_losses
 from stapo_verl.core.losses import POLICY_BATCH_NUM_TOKENS_KEY, POLICY_LOSS_MASK_KEY, apply_policy_token_mask
-from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS, global_step_of
+from stapo_verl.core.lab_masks import global_step_of
+from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows, table_rows
 from stapo_verl.diagnostics.stats import MaskStatistics, is_vocab_size, mask_statistics
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm

@@ -92,7 +92,6 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
         os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    import verl.workers.engine_workers as engine_workers
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
@@ -120,7 +119,7 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
     object.__setattr__(cfg, "global_batch_info", RecordingBatchInfo(cfg.global_batch_info))  # test-only spy
     from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, current_forward_keys
 
-    worker.set_loss_fn(functools.partial(engine_workers.ppo_loss, config=cfg),  # as the init_model hook builds it
+    worker.set_loss_fn(functools.partial(core_losses.ppo_loss, config=cfg),  # as the init_model hook builds it
                        prepare_batch_fn=StapoPrepareBatch(cfg, current_forward_keys(worker)))
     if dump_dir:
         worker._stapo_tokenizer = word_tokenizer()

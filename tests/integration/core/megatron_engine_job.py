@@ -270,7 +270,7 @@ def main(out_path, model_dir, tp, pp):
     dp_rank, dp_size = engine.get_data_parallel_rank(), engine.get_data_parallel_size()
     report = {"device": get_device_name(), "dp_size": dp_size, "engine": type(engine).__name__,
               "bridge": f"{type(engine.bridge).__module__}.{type(engine.bridge).__name__}",
-              "wrapped": bool(getattr(engine_workers.ppo_loss, "__stapo_integration__", False))}
+              "wrapped": bool(getattr(engine_workers.TrainingWorker.train_batch, "__stapo_integration__", False))}
 
     # 1. old-policy pass (infer_batch, calculate_entropy=True), every DP rank on its share
     td = dp_shard(make_batch(), dp_rank, dp_size)

@@ -205,8 +205,8 @@ def test_option_keys_are_strict():
 
 @pytest.mark.parametrize("old,new", [("tau_p", "s2t_tau_p"), ("entropy_quantile", "s2t_entropy_quantile")])
 def test_an_old_key_name_fails_on_the_driver_naming_the_new_one(old, new):
-    # still declared by the option, so the override composes and the driver's check (before Ray) names the new key
-    cfg = _compose("actor@actor_rollout_ref.actor=stapo_dp_actor", f"{PL}.{old}=0.01")
+    # no longer a field: added with +, the driver's check (before Ray) names the new key in one line
+    cfg = _compose("actor@actor_rollout_ref.actor=stapo_dp_actor", f"+{PL}.{old}=0.01")
     with pytest.raises(StapoConfigError, match=rf"{PL}\.{old}=0\.01: the key was renamed to {PL}\.{new}\b"):
         _validate(cfg)
 

@@ -52,7 +52,8 @@ def _probe():
 
         omega_conf_to_dataclass(OmegaConf.create({
             "_target_": "stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig",
-            "loss_mode": "stapo"}))
+            "loss_mode": "stapo", "token_mask": "s2t_random"}))
+        result["masks_after_a_lab_mask"] = sorted(POLICY_TOKEN_MASK_REGISTRY)
         result["error"] = None
     except Exception as e:  # the self-check
         result["error"] = f"{type(e).__name__}: {e}"
@@ -72,9 +73,10 @@ def test_fresh_ray_worker_sees_stapo_through_entry_point_alone(local_ray):
     res = ray.get(ray.remote(_probe).options(runtime_env={"env_vars": {"VERL_USE_EXTERNAL_PLUGINS": "auto"}}).remote())
     assert res["pid"] != os.getpid()
     assert res["plugin_module_loaded"] is True and res["stapo_loss"] is True
-    assert res["masks"] == sorted(TOKEN_MASKS)
-    # the dispatcher (functools.wraps of verl's ppo_loss): the plugin's masked loss only for a job with a mask
-    assert res["ppo_loss_dispatch"] is True and res["train_batch_patched"] is True
+    # the series' mask at load; the lab's masks once a config names one (a job asking for s2t never loads them)
+    assert res["masks"] == ["s2t"] and res["masks_after_a_lab_mask"] == sorted(TOKEN_MASKS)
+    # verl's ppo_loss stays the module's name (init_model gives a masked actor the series' loss)
+    assert res["ppo_loss_dispatch"] is False and res["train_batch_patched"] is True
     assert res["error"] is None
 
 

@@ -50,10 +50,10 @@ def batch():
 def main(out_path, model_dir, engine, tp, clip, dump_dir):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    import verl.workers.engine_workers as engine_workers
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import response_from_nested, response_to_nested
 
+    from stapo_verl.core import losses as core_losses
     from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY
 
     worker = build_worker(engine, tp, model_dir)
@@ -63,7 +63,7 @@ def main(out_path, model_dir, engine, tp, clip, dump_dir):
     cfg = actor_config("stapo", s2t_tau_p=0.0156, dump_tokens=True, dump_dir=dump_dir, table_max_rows=64)
     from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, current_forward_keys
 
-    worker.set_loss_fn(functools.partial(engine_workers.ppo_loss, config=cfg),  # as the init_model hook does
+    worker.set_loss_fn(functools.partial(core_losses.ppo_loss, config=cfg),  # as the init_model hook does
                        prepare_batch_fn=StapoPrepareBatch(cfg, current_forward_keys(worker)))
     worker._stapo_tokenizer = word_tokenizer()
     dp = worker.engine.get_data_parallel_size()

@@ -41,7 +41,7 @@ import verl
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_loss_vanilla, get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
-from stapo_verl.integration.verl_0_9_1 import PATCHES, IncompatibleVerlError
+from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, all_patches
 
 def live(symbol):
     parts = symbol.split(".")
@@ -55,7 +55,7 @@ def live(symbol):
         return obj
     return None
 
-objs = {p.symbol: live(p.symbol) for p in PATCHES}
+objs = {p.symbol: live(p.symbol) for p in all_patches()}
 import verl.workers.engine_workers as ew
 import verl.workers.utils.losses as losses
 out = {
@@ -126,7 +126,7 @@ def test_import_verl_warns_once_and_patches_nothing(probe):
     result, stderr = probe
     (warning,) = _gate_lines(stderr)
     assert "the plugin stays inactive" in warning and f"{ALLOW_ENV}=1" in warning, warning
-    # the ledger's symbols that exist in verl 0.9.0 are verl's own: no wrapper, no rebinding
+    # the ledgers' symbols (the masked job's and the options') that exist in verl 0.9.0 are verl's own: no wrapper
     assert len(result["found"]) >= 10, result["found"]
     assert result["marked"] == []
     assert result["ppo_loss_is_verls"] and result["vanilla"]

@@ -8,6 +8,8 @@ from stapo_verl.core.registry import get_policy_token_mask, register_policy_toke
 
 
 def test_the_plugin_registers_its_masks_with_their_fields():
+    import stapo_verl.core.lab_masks  # noqa: F401  (what the config imports when it names a lab mask)
+
     assert set(TOKEN_MASKS) <= set(registry.POLICY_TOKEN_MASK_REGISTRY)
     fn, fields = get_policy_token_mask("s2t")
     assert fn.__name__ == "compute_s2t_token_mask"

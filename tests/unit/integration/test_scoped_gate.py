@@ -11,11 +11,11 @@ import logging
 import warnings
 
 import pytest
+import wrapt
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_loss_vanilla, get_policy_loss_fn
 
 import stapo_verl
 from stapo_verl.core.masks import compute_policy_loss_stapo
-from stapo_verl.integration import post_import
 from stapo_verl.integration import verl_0_9_1 as integ
 from stapo_verl.integration.verl_0_9_1 import ALLOW_ENV, IncompatibleVerlError, driver_config, installer
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoNotRegisteredError, StapoPolicyLossConfig
@@ -32,7 +32,7 @@ def other_verl(monkeypatch):
     monkeypatch.setitem(POLICY_LOSS_REGISTRY, "stapo", POLICY_LOSS_REGISTRY["stapo"])
     calls = []
     monkeypatch.setattr(driver_config, "install_validate_config", lambda: calls.append("validate_config"))
-    monkeypatch.setattr(post_import, "when_imported", lambda module, hook: calls.append(module))
+    monkeypatch.setattr(wrapt, "register_post_import_hook", lambda hook, module: calls.append(module))
     return calls
 
 

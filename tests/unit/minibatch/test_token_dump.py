@@ -12,7 +12,8 @@ from support.verl_batches import actor_config
 from tensordict import TensorDict
 
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY, apply_policy_token_mask
-from stapo_verl.core.masks import S2T_FIELDS, global_step_of
+from stapo_verl.core.lab_masks import global_step_of
+from stapo_verl.core.masks import S2T_FIELDS
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError
 from stapo_verl.minibatch import token_dump
 from stapo_verl.minibatch.dump_schema import ROW_TYPES, SCHEMA

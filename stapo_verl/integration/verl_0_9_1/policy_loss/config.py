@@ -10,6 +10,7 @@ the defaults; verl ``verl.workers.config.PolicyLossConfig``.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -19,7 +20,7 @@ from omegaconf import DictConfig, open_dict, read_write
 from verl.workers.config.actor import PolicyLossConfig
 
 from stapo_verl.algo.config_ranges import KEY, StapoConfigError, check_range, check_type
-from stapo_verl.core.masks import S2T_TOKEN_MASKS
+from stapo_verl.core.masks import LAB_MASK_MODULE, LAB_MASKS, S2T_TOKEN_MASKS
 from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
 from stapo_verl.integration.verl_0_9_1.job import REPLACED_LOSS_MODES, asks_for_diagnostics, asks_for_mask
 
@@ -124,10 +125,12 @@ class StapoPolicyLossConfig(PolicyLossConfig):
                                    "mask use loss_mode=vanilla token_mask=<mask>")
         if self.token_mask is None:
             return
+        if self.token_mask in LAB_MASKS:
+            importlib.import_module(LAB_MASK_MODULE)  # registers the lab's masks in this process
         from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
 
         for key, value, allowed in (("loss_mode", self.loss_mode, POLICY_LOSS_REGISTRY),
-                                    ("token_mask", self.token_mask, POLICY_TOKEN_MASK_REGISTRY),
+                                    ("token_mask", self.token_mask, {*POLICY_TOKEN_MASK_REGISTRY, *LAB_MASKS}),
                                     ("stats_source", self.stats_source, STATS_SOURCES)):
             if value not in allowed:
                 raise StapoConfigError(f"{KEY}.{key}={value!r}: allowed {sorted(allowed)} (a loss or mask of your "
