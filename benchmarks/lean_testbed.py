@@ -463,6 +463,42 @@ def row_of(record: dict) -> dict:
     return row
 
 
+#: the paired measures of :func:`paired_table`: (column, the run's value from its :func:`row_of` and record)
+PAIRED = (
+    ("failed (0/1)", lambda r, rec: float(r["failed"])),
+    ("onset (no failure: the run's steps)", lambda r, rec: float(r["onset"] if r["failed"] else rec["steps"])),
+    ("final mean@4", lambda r, rec: r["acc_last"]),
+    ("entropy, mean of the last 50 steps", lambda r, rec: statistics.fmean(
+        float(m["actor/entropy"]) for s, m in rec["metrics"].items() if int(s) > rec["steps"] - 50)),
+    ("log10 p(J) at the clean slot, last", lambda r, rec: math.log10(r["p_j_last"])),
+)
+
+
+def paired_table(records: dict[str, dict[int, dict]], arms: list[str]) -> str:
+    """Markdown: per arm and measure of :data:`PAIRED`, the mean paired difference arm − ``vanilla`` over the seeds
+    both ran, with its 95 % t interval; then the mask's precision and recall against J (mean and interval over
+    seeds, where defined). ``records[arm][seed]``: a kept record."""
+    from stapo_verl.diagnostics.paired import mean_interval, paired_difference
+
+    base = records["vanilla"]
+    head = ["arm", "seeds", *(name for name, _ in PAIRED), "precision vs J", "recall vs J"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm in arms:
+        got = records.get(arm, {})
+        seeds = sorted(set(got) & set(base))
+        if arm == "vanilla" or not seeds:
+            continue
+        cells = [arm, str(len(seeds))]
+        for _, value in PAIRED:
+            cells.append(paired_difference([value(row_of(base[s]), base[s]) for s in seeds],
+                                           [value(row_of(got[s]), got[s]) for s in seeds]).format(3))
+        for key in ("precision", "recall"):
+            xs = [got[s]["planted"]["mask"][key] for s in seeds if got[s]["planted"]["mask"][key] is not None]
+            cells.append(mean_interval(xs).format(3).lstrip("+") + f" (n = {len(xs)})" if len(xs) > 1 else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 INTERIM = REPO / "benchmarks" / "results" / "offpolicy" / "planted_mb4_lr2e-4_interim"
 
 
@@ -585,6 +621,11 @@ def main(argv=None) -> int:
                 if path.exists():
                     rows.setdefault(arm, {})[s] = row_of(read_record(path))
         print(ot.table(rows, arms, seeds))
+        if "vanilla" in rows and all("planted" in read_record(result_path(a.store, name, arm, s))
+                                     for arm in rows for s in rows[arm]):
+            records = {arm: {s: read_record(result_path(a.store, name, arm, s)) for s in rows[arm]} for arm in rows}
+            print("\npaired differences, arm − vanilla (mean over seeds, 95 % t interval):\n"
+                  + paired_table(records, arms))
         for arm in rows:
             for s, r in sorted(rows[arm].items()):
                 print(f"{arm} seed {s}: failed {r['failed']} (onset {r['onset']}), acc {r['acc0']:.4f} → "

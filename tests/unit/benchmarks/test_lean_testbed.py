@@ -154,3 +154,23 @@ def test_the_40_step_gate_passes_inside_the_seed_spread_and_fails_outside(lt, tm
     # stapo's verl value at step 20 (0.40) is 0.26 below the lean seed 1 and far outside the spread [0.59, 0.65]
     assert [(r["what"], r["step"]) for r in bad] == [("val", 20)]
     assert got["vanilla"][1]["lo"] == pytest.approx(0.59) and got["vanilla"][1]["hi"] == pytest.approx(0.65)
+
+
+def test_the_paired_table_holds_the_mean_seed_differences_of_the_kept_grid(lt):
+    """On the committed planted_v2 grid: each cell is the mean over seeds of arm − vanilla, computed here from the
+    records themselves (failures: vanilla 4 of 5, stapo 3 of 5, so −0.2), and precision is the seeds' mean."""
+    name, seeds = "planted_v2_mb4_lr2e-4", range(1, 6)
+    records = {arm: {s: lt.read_record(lt.result_path(lt.STORE, name, arm, s)) for s in seeds}
+               for arm in ("vanilla", "stapo")}
+
+    def last_acc(rec):
+        val = {s: m[lt.VAL_KEY] for s, m in rec["metrics"].items() if lt.VAL_KEY in m}
+        return val[max(val)]
+
+    cells = lt.paired_table(records, ["vanilla", "stapo"]).splitlines()[2].strip("| ").split(" | ")
+    diff = [last_acc(records["stapo"][s]) - last_acc(records["vanilla"][s]) for s in seeds]
+    assert cells[:2] == ["stapo", "5"]
+    assert cells[2].startswith("-0.200 ")
+    assert float(cells[4].split()[0]) == pytest.approx(sum(diff) / 5, abs=5e-4)
+    precision = [records["stapo"][s]["planted"]["mask"]["precision"] for s in seeds]
+    assert float(cells[7].split()[0]) == pytest.approx(sum(precision) / 5, abs=5e-4)
