@@ -1,29 +1,14 @@
-"""Ledger entries, and fingerprints of symbols of any installed package read from its source files with ``ast``
-(nothing imported).
+"""Ledger entries (:class:`Patch`), and the fingerprints that pin them, read from source files with ``ast``.
 
-Every ledger of the package (the plugin's :data:`stapo_verl.integration.verl_0_9_1.PATCHES`, the CPU platform's
-:mod:`stapo_verl.cpu.ledger`, the reward code's :mod:`stapo_verl.rewards.ledger`) lists :class:`Patch` entries and
-honours one override, :data:`ALLOW_ENV`. Both live here because this module imports neither verl nor anything heavy:
-the reward code checks its ledger in processes that never import verl.
-
-A ledger entry (:class:`Patch`) pins the private symbol it patches or relies on by a *signature* and, when the code
-copies or relies on a body, the *sha256* of that body's source. This module computes both for a dotted symbol of any
-installed top-level package (verl, megatron-core, mbridge, torch, the standard library, math-verify, pebble): the
-package is located with ``importlib.util.find_spec`` on its top-level name, which does not import it, and the module
-file is read and parsed. Used by the CPU platform's and the reward code's ledgers; for verl
-functions and ``from … import`` names it gives what :func:`stapo_verl.integration.verl_0_9_1.fingerprint` gives
-(a unit test compares them on every plugin entry).
-
-What a symbol's signature is:
-
-* a function or method: ``(args) -> returns`` (``ast.unparse``), sha256 of its source;
-* a class: ``class Name(bases)``, sha256 of its source;
-* a module- or class-level variable: ``name: annotation = <kind of value>`` (``{…}`` for a dict literal,
-  ``f(…)`` for a call), sha256 of the statement;
-* a name bound by ``from m import x``: that statement (``from m import x``), no sha256; bound by ``import m``:
-  ``import m``. When the symbol goes on past such a name (``torch._tensor.Tensor.type``), the lookup follows the
-  import; a class member that the class body does not define is looked up in its bases (a C extension's members
-  in the package's type stub, ``.pyi``).
+Every ledger (the plugin's :data:`stapo_verl.integration.verl_0_9_1.PATCHES`, :mod:`stapo_verl.cpu.ledger`,
+:mod:`stapo_verl.rewards.ledger`) pins each symbol of a package it does not own by a *signature* and, where the code
+copies or relies on a body, the *sha256* of that body's source; :data:`ALLOW_ENV` overrides every gate. The package is
+found with ``importlib.util.find_spec`` on its top-level name and its file parsed: nothing is imported (the reward code
+checks its ledger in processes that never import verl). A signature is, for a function ``(args) -> returns``, for a
+class ``class Name(bases)``, for a variable ``name: annotation = <kind of value>``, for a name bound by an import that
+statement (no sha256). A symbol reached through an import or a base class (``torch._tensor.Tensor.type``) is looked up
+by :mod:`stapo_verl.ledger_follow`, imported only then (the plugin's own entries are defined where they are named);
+the gate of the CPU platform's and the reward code's ledgers is :mod:`stapo_verl.ledger_gate`.
 """
 
 from __future__ import annotations
@@ -31,19 +16,14 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
-import logging
 import os
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ALLOW_ENV", "Patch", "enforce_ledger", "fingerprint", "ledger_mismatches", "module_file"]
+__all__ = ["ALLOW_ENV", "Patch", "fingerprint", "ledger_mismatches", "module_file"]
 
 #: set to 1 to load the plugin on another verl version, or to run past any ledger's gate (the gates then only warn)
 ALLOW_ENV = "STAPO_ALLOW_UNSUPPORTED_VERL"
-
-#: how many imports / base classes a lookup follows before giving up (a cycle, or a symbol that is not there)
-_MAX_HOPS = 8
 
 
 @dataclass(frozen=True)
@@ -106,59 +86,18 @@ def _parsed(path: str, files: dict) -> tuple[str, ast.Module]:
     return files[path]
 
 
-def _value_kind(node: ast.AST | None) -> str:
-    if node is None:
-        return ""
-    if isinstance(node, ast.Dict | ast.DictComp | ast.Set | ast.SetComp):
-        return " = {…}"
-    if isinstance(node, ast.List | ast.ListComp):
-        return " = […]"
-    if isinstance(node, ast.Tuple):
-        return " = (…)"
-    if isinstance(node, ast.Call):
-        return f" = {ast.unparse(node.func)}(…)"
-    if isinstance(node, ast.Constant):
-        return f" = {node.value!r}"
-    return " = …"
-
-
 def _binds(stmt: ast.AST, name: str) -> bool:
     if isinstance(stmt, ast.Assign):
         return any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
     return isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == name
 
 
-def _absolute(module: str, path: str, node: ast.ImportFrom) -> str:
-    """The absolute module name of a (possibly relative) ``from … import``."""
-    if not node.level:
-        return node.module or ""
-    package = module.split(".")
-    if not path.endswith(("__init__.py", "__init__.pyi")):
-        package = package[:-1]
-    package = package[: len(package) - (node.level - 1)]
-    return ".".join(package + ([node.module] if node.module else []))
-
-
-def _resolve_expr(expr: ast.AST, module: str, path: str, tree: ast.Module) -> str | None:
-    """The dotted name an expression such as a base class (``torch._C.TensorBase``, ``Base``) refers to."""
-    if isinstance(expr, ast.Attribute):
-        head = _resolve_expr(expr.value, module, path, tree)
-        return None if head is None else f"{head}.{expr.attr}"
-    if not isinstance(expr, ast.Name):
-        return None
-    for stmt in tree.body:
-        if getattr(stmt, "name", None) == expr.id:
-            return f"{module}.{expr.id}"
-        if isinstance(stmt, ast.ImportFrom):
-            for alias in stmt.names:
-                if (alias.asname or alias.name) == expr.id:
-                    return f"{_absolute(module, path, stmt)}.{alias.name}"
-        if isinstance(stmt, ast.Import):
-            for alias in stmt.names:
-                if alias.asname == expr.id:
-                    return alias.name
-                if alias.asname is None and alias.name.split(".")[0] == expr.id:
-                    return expr.id
+def _imported(stmt: ast.AST, name: str, at_module_level: bool):
+    """The alias of an ``import`` / ``from … import`` statement that binds ``name``, or None."""
+    if isinstance(stmt, ast.ImportFrom):
+        return next((a for a in stmt.names if (a.asname or a.name) == name), None)
+    if isinstance(stmt, ast.Import) and at_module_level:
+        return next((a for a in stmt.names if a.asname == name or (a.asname is None and a.name == name)), None)
     return None
 
 
@@ -179,26 +118,15 @@ def _lookup(symbol: str, files: dict, hops: int) -> tuple[str | None, str | None
         for child in getattr(node, "body", []):
             if getattr(child, "name", None) == name or _binds(child, name):
                 found = child  # the last definition wins (overloads, redefinitions)
-            elif isinstance(child, ast.ImportFrom) and any((a.asname or a.name) == name for a in child.names):
-                alias = next(a for a in child.names if (a.asname or a.name) == name)
-                if last:
-                    return f"from {child.module} import {name}", None
-                target = f"{_absolute(module, path, child)}.{alias.name}"
-                return _follow(target, parts[j + 1:], files, hops)
-            elif isinstance(child, ast.Import) and node is tree:
-                for alias in child.names:
-                    if alias.asname == name or (alias.asname is None and alias.name == name):
-                        if last:
-                            return f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else ""), None
-                        return _follow(alias.name, parts[j + 1:], files, hops)
+            elif (alias := _imported(child, name, node is tree)) is not None:
+                from stapo_verl.ledger_follow import through_import
+
+                return through_import(_lookup, child, alias, module, path, parts[j + 1:], files, hops)
         if found is None:
-            if isinstance(node, ast.ClassDef):  # a member the class inherits
-                for base in node.bases:
-                    target = _resolve_expr(base, module, path, tree)
-                    if target is not None:
-                        result = _follow(target, parts[j:], files, hops)
-                        if result[0] is not None:
-                            return result
+            if isinstance(node, ast.ClassDef) and node.bases:  # a member the class inherits
+                from stapo_verl.ledger_follow import through_bases
+
+                return through_bases(_lookup, node, module, path, tree, parts[j:], files, hops)
             return None, None
         if isinstance(found, ast.Assign | ast.AnnAssign) and not last:
             return None, None
@@ -209,17 +137,11 @@ def _lookup(symbol: str, files: dict, hops: int) -> tuple[str | None, str | None
         return f"({ast.unparse(node.args)})" + (f" -> {ast.unparse(node.returns)}" if node.returns else ""), digest
     if isinstance(node, ast.ClassDef):
         return f"class {node.name}({', '.join(ast.unparse(b) for b in node.bases)})", digest
-    if isinstance(node, ast.Assign):
-        return ast.unparse(node.targets[-1]) + _value_kind(node.value), digest
-    if isinstance(node, ast.AnnAssign):
-        return f"{ast.unparse(node.target)}: {ast.unparse(node.annotation)}" + _value_kind(node.value), digest
+    if isinstance(node, ast.Assign | ast.AnnAssign):
+        from stapo_verl.ledger_follow import variable_signature
+
+        return variable_signature(node), digest
     return None, None
-
-
-def _follow(target: str, rest: list[str], files: dict, hops: int) -> tuple[str | None, str | None]:
-    if hops >= _MAX_HOPS:
-        return None, None
-    return _lookup(".".join([target, *rest]), files, hops + 1)
 
 
 def fingerprint(symbol: str, files: dict | None = None) -> tuple[str | None, str | None]:
@@ -254,30 +176,3 @@ def ledger_mismatches(patches: Iterable, written_for: str) -> list[str]:
         elif patch.source_sha256 is not None and digest != patch.source_sha256:
             problems.append(f"{patch.symbol}: source differs from {written_for}'s (sha256 {digest[:12]}…)")
     return problems
-
-
-def enforce_ledger(patches: Iterable, written_for: str, *, owner: str, remedy: str,
-                   error: type[BaseException], log: logging.Logger) -> None:
-    """The gate every ledger's ``check`` runs: raise ``error`` unless every entry's symbol exists with the signature
-    (and source hash) it was written for.
-
-    Args:
-        patches: ledger entries (:class:`Patch`). written_for: what they were written against (for the message).
-        owner: the part of stapo-verl the ledger belongs to, e.g. ``"CPU platform (VERL_PLATFORM=cpu)"``.
-        remedy: what the user should do, ending with what :data:`ALLOW_ENV` lets them do anyway.
-        error: the exception class to raise. log: the ledger module's logger (the warning is logged there too).
-
-    Raises:
-        error: a symbol is missing or differs (the message names the first one and the count), unless
-            ``STAPO_ALLOW_UNSUPPORTED_VERL=1`` (then a warning on ``warnings`` and ``log``, listing every difference).
-    """
-    problems = ledger_mismatches(patches, written_for)
-    if not problems:
-        return
-    message = (f"stapo-verl's {owner} was written for {written_for}; {len(problems)} site(s) differ, first: "
-               f"{problems[0]}. {remedy}")
-    if os.environ.get(ALLOW_ENV, "") == "1":
-        warnings.warn(f"{message} Proceeding because {ALLOW_ENV}=1. All differences: {problems}", stacklevel=3)
-        log.warning("%s Proceeding because %s=1.", message, ALLOW_ENV)
-        return
-    raise error(message)

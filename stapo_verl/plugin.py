@@ -1,12 +1,8 @@
 """verl plugin entry point (``setup.cfg``: ``verl.plugins = stapo = stapo_verl.plugin``), imported by ``import verl`` in
-every process: the driver, the TaskRunner, every Ray worker.
-
-It gates the installed verl against the ledger and installs the integration
-(:func:`stapo_verl.integration.verl_0_9_1.installer.install`); on another verl it logs one warning line and patches
-nothing. Only with ``VERL_PLATFORM=cpu``: the CPU platform (:mod:`stapo_verl.cpu`). Import order: this module runs in
-the middle of verl's own ``__init__``, so what installing needs imports verl only where it is used, or from a
-deferred post-import hook. A failure is logged at ERROR, because verl's loader logs a plugin's import error at DEBUG
-level and goes on without it.
+every process: gates the installed verl and installs the integration (:func:`.integration.verl_0_9_1.installer.install`;
+on another verl one warning line, nothing patched); with ``VERL_PLATFORM=cpu`` also the CPU platform. It runs inside
+verl's own ``__init__``, so what it installs imports verl lazily. A failure is logged at ERROR (verl's loader logs a
+plugin's import error at DEBUG and goes on without it).
 """
 
 import logging

@@ -1,15 +1,7 @@
-"""The allowed values of the policy-loss config keys and the config's cross-key rules: one definition each.
-
-:class:`stapo_verl.integration.verl_0_9_1.policy_loss.config.StapoPolicyLossConfig` applies them when the config is
-built: the token-mask keys (``s2t_tau_p``, ``s2t_entropy_quantile``, ``top_entropy_ratio``) whenever a token mask is
-selected, the diagnostics keys always.
-A public library function that takes one of these values (τ_p for the log10 p histogram, q for the quadrants, ρ of
-the 20-Entropy mask, the collapse window) calls the same check here instead of keeping bounds of its own, so it
-accepts exactly what the config accepts, with the same message.
-
-No torch, no verl, so every module can import it. It lives in :mod:`stapo_verl.algo`, whose package imports neither:
-under :mod:`stapo_verl.core`, whose package imports verl first, a library module that imports it would start verl's
-plugin loading halfway through its own import (see :mod:`stapo_verl.plugin`).
+"""The allowed type and values of each policy-loss key (one definition each): the config checks them when it is built
+(the mask's keys when that mask is selected, the diagnostics' when they are asked for), and a public library function
+taking one of these values (τ_p, q, ρ, the collapse window) calls the same check, so it accepts what the config accepts
+with the same message. Imports neither torch nor verl (:mod:`stapo_verl.algo`), so any module can import it.
 """
 
 from __future__ import annotations
@@ -109,30 +101,3 @@ def check_type(key: str, value):
         raise StapoConfigError(f"{KEY}.{key}={value!r} ({type(value).__name__}): allowed {allowed}",
                                key=f"{KEY}.{key}", value=value, allowed=allowed)
     return value
-
-
-def check_collapse_warmup(warmup: int, window: int) -> int:
-    """``warmup`` if 2 ≤ ``collapse_warmup_steps`` ≤ ``collapse_window`` (the z-score needs two previous values).
-
-    Raises:
-        StapoConfigError: naming ``collapse_warmup_steps``, its value and the window.
-    """
-    if not 2 <= warmup <= window:
-        raise StapoConfigError(f"{KEY}.collapse_warmup_steps={warmup!r} is out of range: allowed "
-                               f"2 <= collapse_warmup_steps <= collapse_window ({window!r})")
-    return warmup
-
-
-def check_current_minibatch_pipeline(pipeline_parallel_size: int) -> None:
-    """``stats_source=current_minibatch`` needs Megatron pipeline parallelism 1: only the last pipeline stage holds
-    the extra forward's outputs, and every rank needs them.
-
-    Raises:
-        StapoConfigError: ``pipeline_parallel_size`` > 1, naming both keys and the two ways out.
-    """
-    if pipeline_parallel_size > 1:
-        raise StapoConfigError(
-            f"{KEY}.stats_source=current_minibatch is not supported with {ACTOR}.megatron."
-            f"pipeline_model_parallel_size={pipeline_parallel_size} (only the last pipeline stage holds the extra "
-            "forward's outputs): use stats_source=old_policy or pipeline_model_parallel_size=1"
-        )

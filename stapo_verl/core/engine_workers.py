@@ -1,22 +1,13 @@
-"""The worker methods the upstream series changes in ``verl.workers.engine_workers``: one source for both.
+"""The worker methods the upstream series changes in ``verl.workers.engine_workers``: one source for both
+(``upstream/build_series.py`` copies each into the verl class of the same name, verl's decorators kept; CI fails when
+they drift). On verl 0.9.1 the plugin installs them behind dispatchers (:mod:`stapo_verl.integration.verl_0_9_1.worker`).
 
-``upstream/build_series.py`` copies each method below into the verl class of the same name (``#@methods``; verl's
-decorators stay), and CI fails when the two drift (``build_series.py --check-tree``). On verl 0.9.1 the plugin installs
-the same functions on verl's classes (:mod:`stapo_verl.integration.verl_0_9_1.training_worker`), for the jobs that set
-a pre-pass; every other job keeps verl's own methods.
-
-The pre-pass contract: ``TrainingWorker`` holds two pre-passes, run once per optimizer mini-batch inside the engine's
-train mode, before the engine counts the mini-batch's tokens and splits it into micro-batches
-(:func:`stapo_verl.core.losses.run_prepare_batch`):
-
-1. ``prepare_batch_fn``, the caller's: ``set_loss_fn(loss_fn, prepare_batch_fn=...)``, on the ``TrainingWorker`` or on
-   ``ActorRolloutRefWorker`` (e.g. verl PR #7830's KL-Cov selection, a user's or another plugin's);
-2. ``policy_token_mask_fn``, the actor config's: ``ActorRolloutRefWorker.init_model`` sets it when
-   ``actor.policy_loss.token_mask`` is set (``partial(apply_policy_token_mask, actor_config)``); ``set_loss_fn``
-   leaves it alone, so a recipe that replaces the loss or adds its own pre-pass keeps the mask.
-
-The mask runs last: it sees the batch as the caller's pre-pass leaves it (its advantages, say), and the count it
-writes (``policy_batch_num_tokens``) is the one the loss divides by.
+The pre-pass contract: ``TrainingWorker`` runs two pre-passes per optimizer mini-batch inside the engine's train mode,
+before the engine counts its tokens and splits it (:func:`stapo_verl.core.losses.run_prepare_batch`): first the
+caller's ``prepare_batch_fn`` (``set_loss_fn(loss_fn, prepare_batch_fn=...)`` on either worker: a user's, another
+plugin's, verl PR #7830's KL-Cov selection), then the actor's ``policy_token_mask_fn`` (set by ``init_model`` when
+``policy_loss.token_mask`` is set; ``set_loss_fn`` leaves it alone). The mask runs last: it sees the batch as the
+caller's pre-pass leaves it, and its count (``policy_batch_num_tokens``) is what the loss divides by.
 """
 
 from __future__ import annotations

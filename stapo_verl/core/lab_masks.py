@@ -1,6 +1,20 @@
 """The lab's policy token masks: the paper's ablations of S2T (§4.4) and the 20-Entropy baseline (arXiv 2506.01939).
 Registered when this module is imported, which the policy-loss config does when ``token_mask`` names one
-(:data:`stapo_verl.core.masks.LAB_MASKS`); the table of what each silences is in :mod:`stapo_verl.core.masks`."""
+(:data:`stapo_verl.core.masks.LAB_MASKS`).
+
+=====================  =========================================================================================
+``token_mask``         tokens removed from the policy-gradient term (within the candidates P: valid, Â > 0,
+                       p < τ_p, gathered over the optimizer mini-batch and the DP group)
+=====================  =========================================================================================
+``s2t``                H < Quantile_q(P): STAPO's S2T mask (paper §3, Algorithm 1)
+``s2t_high_entropy``   H > Quantile_{1-q}(P) (ablation, paper §4.4)
+``s2t_random``         as many as ``s2t`` would silence, drawn uniformly; seeded by (``random_mask_seed``,
+                       global step, mini-batch index) (ablation, paper §4.4)
+``s2t_full``           all of P (JustRL-FullMask)
+``top_entropy``        every token outside the ⌈ρ·N⌉ of highest entropy (the 20-Entropy baseline; ρ =
+                       ``top_entropy_ratio``)
+=====================  =========================================================================================
+"""
 
 from __future__ import annotations
 

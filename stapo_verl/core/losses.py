@@ -1,25 +1,11 @@
-"""The policy-token-mask pre-pass and ``ppo_loss`` with the mask on the policy-gradient term.
+"""The policy-token-mask pre-pass and ``ppo_loss`` with the mask on the policy-gradient term: what the series adds to
+``verl/workers/utils/losses.py`` (copied by ``upstream/build_series.py``; CI fails when they drift).
 
-These are the functions the upstream series adds to / changes in ``verl/workers/utils/losses.py`` (copied there
-verbatim by ``upstream/build_series.py``; CI fails when the two drift). On verl 0.9.1 the plugin binds this
-``ppo_loss`` where ``verl.workers.engine_workers`` builds the actor's loss function, and calls
-:func:`apply_policy_token_mask` from ``TrainingWorker.train_batch`` (see ``stapo_verl.integration.verl_0_9_1``).
-
-Data contract (one optimizer mini-batch, per rank):
-
-================================  =====================================================================
-``policy_loss_mask``              response-layout tensor (nested like ``response_mask``), 1 = the token
-                                  enters the policy-gradient (PG) term; written by the pre-pass
-``policy_batch_num_tokens``       non-tensor int: Σ ``policy_loss_mask`` over the mini-batch and the DP
-                                  group; the PG term's token-mean denominator (verl's
-                                  ``batch_num_tokens`` stays Σ ``loss_mask`` for the KL/entropy terms)
-================================  =====================================================================
-
-Only the PG term uses them: the policy loss is called with ``response_mask := response_mask ∧ policy_loss_mask``
-while ``config.global_batch_info["batch_num_tokens"]`` (the dict verl's ``ppo_loss`` rewrites on every
-micro-batch) holds ``policy_batch_num_tokens``, which composes with every registered policy loss and every
-``loss_agg_mode``. The KL and entropy terms keep
-``response_mask`` and ``batch_num_tokens``, exactly as without a mask.
+The pre-pass writes, per optimizer mini-batch and rank, ``policy_loss_mask`` (response layout, like
+``response_mask``; 1 = the token enters the policy-gradient term) and ``policy_batch_num_tokens`` (its sum over the
+mini-batch and the DP group). ``ppo_loss`` calls the policy loss with ``response_mask ∧ policy_loss_mask`` while
+``config.global_batch_info["batch_num_tokens"]`` holds ``policy_batch_num_tokens``, which composes with every
+registered loss and ``loss_agg_mode``; the KL and entropy terms keep ``response_mask`` and ``batch_num_tokens``.
 """
 
 from __future__ import annotations
@@ -42,14 +28,9 @@ POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
 def run_prepare_batch(prepare_batch_fns, data: TensorDict, engine) -> dict[str, float]:
-    """Run the pre-passes ``fn(data, engine=engine, dp_group=...)`` of one optimizer mini-batch in order (None
-    skipped), as ``TrainingWorker.train_batch`` does in the engine's train mode before the engine counts and splits it.
-
-    They run under one forked RNG (CPU and this rank's accelerator), and every submodule of ``engine.module`` (a
-    module or a list of them) gets its ``training`` flag back: a no-grad forward in eval mode leaves the update's
-    random state, dropout and activation checkpointing alone. Each writes its selection into ``data`` and returns its
-    metrics, global over DP; returns them merged in order (``{}`` when none ran).
-    """
+    """Run the pre-passes ``fn(data, engine=engine, dp_group=...) -> metrics`` (None skipped) in order, under one
+    forked RNG, giving every submodule of ``engine.module`` (a module or a list) its ``training`` flag back (a
+    forward in eval mode leaves the update's RNG, dropout and checkpointing alone); returns their metrics merged."""
     fns = [fn for fn in prepare_batch_fns if fn is not None]
     if not fns:
         return {}
@@ -70,11 +51,10 @@ def run_prepare_batch(prepare_batch_fns, data: TensorDict, engine) -> dict[str, 
 
 
 def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None, engine=None) -> dict[str, float]:
-    """Run ``policy_loss.token_mask`` on this rank's share of an optimizer mini-batch before the engine splits it (on
-    ``get_device_id()`` when ``dp_group`` has several ranks). Writes ``policy_loss_mask`` (like ``response_mask``) and
-    ``policy_batch_num_tokens`` (its sum over the group) for ``ppo_loss``; returns the mask's metrics. ``engine``:
-    the worker's engine (``TrainingWorker.set_loss_fn``'s pre-pass contract; the registered masks read their fields
-    only). Raises ValueError for an unregistered mask, KeyError when the mini-batch lacks a field the mask reads."""
+    """Run ``policy_loss.token_mask`` on this rank's share of an optimizer mini-batch (on ``get_device_id()`` when
+    ``dp_group`` has several ranks); write ``policy_loss_mask`` and ``policy_batch_num_tokens`` (its sum over the
+    group) for ``ppo_loss``; return the mask's metrics. Raises ValueError (unregistered mask), KeyError (a field the
+    mask reads is missing). ``engine``: unused by the registered masks (the pre-pass contract passes it)."""
     mask_fn, fields = core_algos.get_policy_token_mask(config.policy_loss.token_mask)
     missing = [key for key in fields if key not in data.keys()]
     if missing:
@@ -115,10 +95,9 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     # the policy token mask (policy_loss.token_mask): written by apply_policy_token_mask for the whole mini-batch
     token_mask = config.policy_loss.get("token_mask", None)
     if (token_mask is not None) != ("policy_loss_mask" in data.keys()):
-        raise RuntimeError(
-            f"policy_loss.token_mask={token_mask!r}, but this micro-batch {'lacks' if token_mask else 'carries'} "
-            "'policy_loss_mask': apply_policy_token_mask must run on its mini-batch exactly when a mask is set"
-        )
+        raise RuntimeError(f"policy_loss.token_mask={token_mask!r} but 'policy_loss_mask' is "
+                           f"{'not ' * bool(token_mask)}in the micro-batch: apply_policy_token_mask must run "
+                           "exactly when a mask is set")
     # the policy-gradient term divides by the kept tokens; the entropy and KL terms below by every valid token
     pg_batch_num_tokens = max(data["policy_batch_num_tokens"], 1) if token_mask is not None else batch_num_tokens
 
@@ -165,8 +144,8 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
             None if x is None else torch.where(pg_mask, x, 0.0)
             for x in (old_log_prob, log_prob, advantages, rollout_is_weights)
         )
-    config.global_batch_info["batch_num_tokens"] = pg_batch_num_tokens
-    try:  # the losses read the denominator from the config; it is Σ loss_mask again for every later reader
+    config.global_batch_info["batch_num_tokens"] = pg_batch_num_tokens  # the losses read their denominator here
+    try:
         pg_loss, pg_metrics = policy_loss_fn(
             old_log_prob=old_log_prob,
             log_prob=pg_log_prob,
@@ -176,7 +155,7 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
             config=config,
             rollout_is_weights=rollout_is_weights,
         )
-    finally:
+    finally:  # Σ loss_mask again for the terms below and every later reader, even when the loss raises
         config.global_batch_info["batch_num_tokens"] = batch_num_tokens
 
     # AggregationType.MEAN for pg metrics: assumes policy_loss_fn normalizes by local_bsz/local_tokens

@@ -1,22 +1,7 @@
-"""The policy token masks stapo-verl registers, and ``loss_mode=stapo`` (the paper's one flag). ``s2t`` is here (the
-series' mask); the others are the lab's, in :mod:`stapo_verl.core.lab_masks` (:data:`LAB_MASKS`).
-
-=====================  =========================================================================================
-``token_mask``         tokens removed from the policy-gradient term (within the candidates P: valid, Â > 0,
-                       p < τ_p, gathered over the optimizer mini-batch and the DP group)
-=====================  =========================================================================================
-``s2t``                H < Quantile_q(P): STAPO's S2T mask (paper §3, Algorithm 1)
-``s2t_high_entropy``   H > Quantile_{1-q}(P) (ablation, paper §4.4)
-``s2t_random``         as many as ``s2t`` would silence, drawn uniformly; seeded by (``random_mask_seed``,
-                       global step, mini-batch index) (ablation, paper §4.4)
-``s2t_full``           all of P (JustRL-FullMask)
-``top_entropy``        every token outside the ⌈ρ·N⌉ of highest entropy (the 20-Entropy baseline; ρ =
-                       ``top_entropy_ratio``)
-=====================  =========================================================================================
-
-p and H are the old policy's (``old_log_probs`` and ``entropy`` from verl's old-log-prob pass), or the current
-policy's with ``stats_source=current_minibatch`` (the plugin then hands the mask the current values under the same
-field names). ``loss_mode=stapo`` is verl's ``vanilla`` surrogate with ``token_mask=s2t``.
+"""The series' policy token mask ``s2t`` (STAPO's S2T, paper §3, Algorithm 1) and ``loss_mode=stapo`` (verl's
+``vanilla`` surrogate with ``token_mask=s2t``). p and H are the old policy's (``old_log_probs``, ``entropy`` from verl's
+old-log-prob pass), or the current policy's under the same names with ``stats_source=current_minibatch``. The lab's
+masks are in :mod:`stapo_verl.core.lab_masks` (:data:`LAB_MASKS`).
 """
 
 from __future__ import annotations

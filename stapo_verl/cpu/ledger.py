@@ -25,7 +25,8 @@ from importlib.metadata import PackageNotFoundError, version
 from types import MappingProxyType
 
 from stapo_verl.cpu.megatron_shims.core import PROXIED_MODULES
-from stapo_verl.ledger import ALLOW_ENV, Patch, enforce_ledger
+from stapo_verl.ledger import ALLOW_ENV, Patch
+from stapo_verl.ledger_gate import enforce_ledger
 from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,20 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from stapo_verl.algo.config_ranges import check_collapse_warmup, check_range
+from stapo_verl.algo.config_ranges import KEY, StapoConfigError, check_range
+
+
+def check_collapse_warmup(warmup: int, window: int) -> int:
+    """``warmup`` if 2 ≤ ``collapse_warmup_steps`` ≤ ``collapse_window`` (the z-score needs two previous values).
+
+    Raises:
+        StapoConfigError: naming ``collapse_warmup_steps``, its value and the window.
+    """
+    if not 2 <= warmup <= window:
+        raise StapoConfigError(f"{KEY}.collapse_warmup_steps={warmup!r} is out of range: allowed "
+                               f"2 <= collapse_warmup_steps <= collapse_window ({window!r})")
+    return warmup
+
 
 #: (signal metric, z metric, warns) in the order they are checked; the total grad norm warns only without the
 #: LM-head norm (see :meth:`CollapseMonitor.observe`)

@@ -4,7 +4,8 @@ ranges are :mod:`stapo_verl.algo.config_ranges`'."""
 
 from __future__ import annotations
 
-from stapo_verl.algo.config_ranges import KEY, StapoConfigError, check_collapse_warmup, check_range, check_type
+from stapo_verl.algo.config_ranges import KEY, StapoConfigError, check_range, check_type
+from stapo_verl.diagnostics.collapse import check_collapse_warmup
 
 
 def check_diagnostics_keys(pl) -> None:

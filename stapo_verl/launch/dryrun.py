@@ -131,7 +131,7 @@ def _check_plugin(config) -> str:
     from importlib.metadata import entry_points
 
     import stapo_verl.plugin  # noqa: F401  (raises here, unlike verl's entry-point loader)
-    from stapo_verl import integration
+    from stapo_verl.integration import verl_0_9_1 as integration
     from stapo_verl.integration.verl_0_9_1.policy_loss.config import plugin_request, require_plugin_loaded
 
     eps = [ep for ep in entry_points(group="verl.plugins") if ep.name == "stapo"]

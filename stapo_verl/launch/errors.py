@@ -89,7 +89,7 @@ def _renamed_fix(key: str, value) -> str | None:
     """The fix for a renamed policy-loss key (``tau_p`` → ``s2t_tau_p``): drop the old key and set the new one, to
     ``value`` when the new key allows it, else to the new key's default. None when ``key`` was not renamed."""
     from stapo_verl.algo.config_ranges import KEY
-    from stapo_verl.integration.verl_0_9_1.policy_loss.config import RENAMED_KEYS
+    from stapo_verl.integration.verl_0_9_1.policy_loss.checks import RENAMED_KEYS
 
     old = key[len(KEY) + 1:] if key.startswith(KEY + ".") else key
     new = RENAMED_KEYS.get(old)
@@ -102,6 +102,26 @@ def _renamed_fix(key: str, value) -> str | None:
     target = float(value) if keep else default_of(f"{KEY}.{new}")
     why = "" if keep else f" ({value} is outside the new key's range; its default)"
     return f"remove {key} and set {KEY}.{new}={target}{why}"
+
+
+def renamed_override(overrides: list[str]) -> str | None:
+    """The one error line (:func:`config_error_message`) for an override of a renamed policy-loss key (``tau_p``, with
+    or without ``+``), which the config no longer declares, so Hydra alone would refuse it without naming the new key;
+    None when no override names one."""
+    import yaml
+
+    from stapo_verl.algo.config_ranges import KEY, StapoConfigError
+    from stapo_verl.integration.verl_0_9_1.policy_loss.checks import RENAMED_KEYS, check_renamed_keys
+
+    for item in overrides:
+        key, sep, value = item.lstrip("+~").partition("=")
+        name = key[len(KEY) + 1:] if key.startswith(KEY + ".") else None
+        if sep and name in RENAMED_KEYS:
+            try:
+                check_renamed_keys({name: yaml.safe_load(value)})
+            except StapoConfigError as exc:
+                return config_error_message(exc)
+    return None
 
 
 def config_error_message(exc: BaseException) -> str:
@@ -128,7 +148,7 @@ def config_error_message(exc: BaseException) -> str:
 
 def validate_policy_loss(config) -> None:
     """Build the policy-loss config of ``config`` (a copy) as verl's ``validate_config`` does: the plugin fills
-    ``_target_`` (:func:`stapo_verl.integration.verl_0_9_1.policy_loss.config.fill_policy_loss_target`), then verl's
+    ``_target_`` (:func:`stapo_verl.integration.verl_0_9_1.policy_loss.checks.fill_policy_loss_target`), then verl's
     ``omega_conf_to_dataclass``.
 
     Raises:
@@ -137,7 +157,7 @@ def validate_policy_loss(config) -> None:
     """
     from verl.utils.config import omega_conf_to_dataclass
 
-    from stapo_verl.integration.verl_0_9_1.policy_loss.config import fill_policy_loss_target
+    from stapo_verl.integration.verl_0_9_1.policy_loss.checks import fill_policy_loss_target
 
     config = copy.deepcopy(config)
     fill_policy_loss_target(config)

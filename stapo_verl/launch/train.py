@@ -191,6 +191,9 @@ def checked_config(overrides: list[str], verl_problems: list[str] | None = None)
     gate = errors.verl_gate_message(problems, allowed_anyway())
     if gate:
         return fail("wrong verl", gate)
+    renamed = errors.renamed_override(overrides)
+    if renamed:
+        return fail("invalid config", renamed)
     try:
         config = compose_config(overrides)
     except Exception as exc:  # noqa: BLE001  (Hydra / OmegaConf / ValueError: the message names the key)

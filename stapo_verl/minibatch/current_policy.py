@@ -13,12 +13,27 @@ import time
 
 import torch
 
-from stapo_verl.algo.config_ranges import check_current_minibatch_pipeline
+from stapo_verl.algo.config_ranges import ACTOR, KEY, StapoConfigError
 from stapo_verl.core.losses import POLICY_LOSS_MASK_KEY
 
 
 class CurrentPolicyError(RuntimeError):
     """The engine returned no current-policy statistics on this rank."""
+
+
+def check_current_minibatch_pipeline(pipeline_parallel_size: int) -> None:
+    """``stats_source=current_minibatch`` needs Megatron pipeline parallelism 1: only the last pipeline stage holds
+    the extra forward's outputs, and every rank needs them.
+
+    Raises:
+        StapoConfigError: ``pipeline_parallel_size`` > 1, naming both keys and the two ways out.
+    """
+    if pipeline_parallel_size > 1:
+        raise StapoConfigError(
+            f"{KEY}.stats_source=current_minibatch is not supported with {ACTOR}.megatron."
+            f"pipeline_model_parallel_size={pipeline_parallel_size} (only the last pipeline stage holds the extra "
+            "forward's outputs): use stats_source=old_policy or pipeline_model_parallel_size=1"
+        )
 
 
 def current_policy_statistics(engine, data, infer_keys: dict) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -43,7 +58,7 @@ def current_policy_statistics(engine, data, infer_keys: dict) -> tuple[torch.Ten
 
     Raises:
         stapo_verl.algo.config_ranges.StapoConfigError: Megatron with pipeline parallelism > 1 (the config's rule
-            :func:`stapo_verl.algo.config_ranges.check_current_minibatch_pipeline`, checked again here on every rank
+            :func:`check_current_minibatch_pipeline`, checked again here on every rank
             before the forward, for callers that built no config).
         CurrentPolicyError: the engine returned no log-probs/entropy.
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from stapo_verl.ledger import ALLOW_ENV, Patch, enforce_ledger
+from stapo_verl.ledger import ALLOW_ENV, Patch
+from stapo_verl.ledger_gate import enforce_ledger
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from support.runs import check_mask_and_denominator, failure_text, metrics_by_step, run_config, run_recipe
+from support.runs import check_denominator, failure_text, metrics_by_step, run_config, run_recipe
 
 PL = "actor_rollout_ref.actor.policy_loss"
 #: τ_p this high makes most tokens of positive-advantage responses S2T candidates, so every step silences some
@@ -64,27 +64,28 @@ def test_tiny_grpo_with_cispo_and_s2t_two_steps_with_reference_model(tmp_path):
     audit.mkdir()
     r = run_recipe("tiny_cpu_grpo.sh", run_dir, *SMALL, "trainer.save_freq=-1", *MASK, STAPO_AUDIT_DIR=str(audit))
     assert r.returncode == 0, failure_text(run_dir, r)
-    # the mask and the recipe's switch (+trainer.reproducible=True): every wrapper of the job's path acted, the
-    # driver's and the workers' in other processes (the audit record reaches them all)
+    # the mask alone (no diagnostics) and the recipe's switch (+trainer.reproducible=True): the series' wrappers and
+    # the switch's acted, the driver's and the workers' in other processes (the audit record reaches them all), and
+    # no wrapper of the diagnostics opt-in (PPOTrainer._update_actor, ...) did
     record = acted(audit)
     assert set(record) == {
         "verl.utils.config.validate_config", "verl.trainer.main_ppo.run_ppo",
-        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._update_actor",
-        "verl.trainer.ppo.v1.trainer_base.PPOTrainer._load_checkpoint",
         "verl.trainer.ppo.v1.trainer_base.PPOTrainer._build_replay_buffer",
         "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._select_prompt_uids",
         "verl.trainer.ppo.v1.replay_buffer.ReplayBuffer._materialize_batch",
         "verl.experimental.agent_loop.agent_loop.AgentLoopWorker._run_agent_loop",
-        "verl.workers.engine_workers.TrainingWorker.train_batch", "verl.workers.engine_workers.ppo_loss",
+        "verl.workers.engine_workers.TrainingWorker.train_batch",
         "verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
     }, record
-    assert record["verl.workers.engine_workers.ppo_loss"].isdisjoint(record["verl.utils.config.validate_config"])
+    worker = "verl.workers.engine_workers.ActorRolloutRefWorker.init_model"
+    assert record[worker].isdisjoint(record["verl.utils.config.validate_config"])
     cfg = run_config(run_dir).actor_rollout_ref.actor
     assert (cfg.policy_loss.loss_mode, cfg.policy_loss.token_mask, cfg.use_kl_loss) == ("cispo", "s2t", True)
     m = metrics_by_step(run_dir / "metrics.jsonl")
     assert sorted(m) == [1, 2]
-    check_mask_and_denominator(m)
     for step in (1, 2):
+        check_denominator(m[step])  # the series' own metrics (s2t_metrics); the diagnostics' are not logged
+        assert not [k for k in m[step] if k.endswith(("silenced_grad_share", "pos_adv_below_tau_p_frac"))]
         assert m[step]["actor/kl_coef"] == 0.001  # GRPO's KL loss is on
     assert m[1]["actor/kl_loss"] == 0.0  # reference == policy at step 1, both fp32
     assert m[2]["actor/kl_loss"] > 0.0  # one update later the policy has moved away from the reference

@@ -1,15 +1,8 @@
-"""Driver-side patches: ``verl.utils.config.validate_config`` and ``verl.trainer.main_ppo.run_ppo``.
-
-Both run :func:`.policy_loss.config.fill_policy_loss_target` on the composed trainer config before verl builds any
-config object from it (``validate_config`` additionally runs the cross-key checks). ``main_ppo.main`` calls
-``validate_config`` on the same ``DictConfig`` it then hands to ``run_ppo``, so the filled ``_target_`` is what Ray
-ships to the TaskRunner and the workers. Ledger entries: :data:`stapo_verl.integration.verl_0_9_1.PATCHES`.
-
-Both also set :data:`.job.OPT_INS_ENV` to the options the job asks for (:func:`.job.opt_ins_of`), before verl's
-``run_ppo`` starts Ray, so that every Ray process installs their wrappers at plugin load (and only then).
-
-A job that asks for nothing gets verl's function with its own arguments and its result, and its config is not
-touched.
+"""Driver-side wrappers of ``verl.utils.config.validate_config`` and ``verl.trainer.main_ppo.run_ppo`` (ledger:
+:data:`stapo_verl.integration.verl_0_9_1.PATCHES`): for a job that asks, they fill ``policy_loss._target_``
+(:func:`.policy_loss.checks.fill_policy_loss_target`; ``validate_config`` also runs the cross-key checks) on the
+``DictConfig`` Ray then ships, and set :data:`.job.OPT_INS_ENV` to the options asked for before Ray starts. A job that
+asks for nothing gets verl's function, its arguments and its result, its config untouched.
 """
 
 from __future__ import annotations
@@ -26,12 +19,13 @@ _MARK = "__stapo_integration__"
 def _asks(config) -> bool:
     """Gate the options ``config`` asks for and set (or clear) :data:`.job.OPT_INS_ENV`; whether the job asks for
     a mask."""
-    from stapo_verl.integration.verl_0_9_1 import check_opt_in
     from stapo_verl.integration.verl_0_9_1.job import OPT_INS_ENV, asks_for_extras, job_request, opt_ins_of
 
     names = opt_ins_of(config)  # also checks trainer.reproducible's type, before Ray
     policy_loss = config.get("actor_rollout_ref", {}).get("actor", {}).get("policy_loss", None)
     for name in names + (("extras",) if policy_loss is not None and asks_for_extras(policy_loss) else ()):
+        from stapo_verl.integration.verl_0_9_1.opt_in_ledger import check_opt_in  # only when an option is asked
+
         check_opt_in(name, f"the option {name!r} of stapo-verl")
     if names:
         os.environ[OPT_INS_ENV] = ",".join(names)
@@ -51,7 +45,7 @@ def wrap_validate_config(orig):
             return orig(config, *args, **kwargs)
         record_acted("verl.utils.config.validate_config")
         from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
-        from stapo_verl.integration.verl_0_9_1.policy_loss.config import fill_policy_loss_target
+        from stapo_verl.integration.verl_0_9_1.policy_loss.checks import fill_policy_loss_target
 
         fill_policy_loss_target(config)
         validate_token_mask_config(config)
@@ -71,7 +65,7 @@ def wrap_run_ppo(orig):
         if not _asks(config):
             return orig(config, *args, **kwargs)
         record_acted("verl.trainer.main_ppo.run_ppo")
-        from stapo_verl.integration.verl_0_9_1.policy_loss.config import fill_policy_loss_target
+        from stapo_verl.integration.verl_0_9_1.policy_loss.checks import fill_policy_loss_target
 
         fill_policy_loss_target(config)
         return orig(config, *args, **kwargs)

@@ -11,26 +11,11 @@ from stapo_verl.integration import verl_0_9_1 as gate
 logger = logging.getLogger("stapo_verl.integration.verl_0_9_1")
 
 
-def _register_unsupported() -> None:
-    """What the plugin registers on a verl it was not written for, through public registration APIs only.
+def register_hydra_options() -> None:
+    """Store the Hydra options ``actor/stapo_<engine>_actor`` (:mod:`.policy_loss.hydra_options`)."""
+    from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
 
-    Hydra's ``ConfigStore`` gets the actor options ``actor/stapo_<engine>_actor`` (so a recipe that selects one
-    composes, and its ``policy_loss._target_``, :class:`.policy_loss.config.StapoPolicyLossConfig`, raises the
-    version error when verl builds the config); verl's ``register_policy_loss`` gets ``stapo`` as
-    :func:`~stapo_verl.integration.verl_0_9_1.unsupported_verl_policy_loss`. A failure here (a verl without these
-    public names) is logged: a job asking for the plugin then fails with verl's or Hydra's own error after the
-    warning line.
-    """
-    try:
-        from verl.trainer.ppo.core_algos import register_policy_loss
-
-        from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
-
-        hydra_options.register()
-        # after hydra_options, whose import of stapo_verl.core.masks registers the real "stapo"
-        register_policy_loss("stapo")(gate.unsupported_verl_policy_loss)
-    except Exception as e:  # the gate must never break a job that does not ask for the plugin
-        logger.warning("stapo-verl could not register its version-error stand-ins: %s: %s", type(e).__name__, e)
+    hydra_options.register()
 
 
 def install() -> bool:
@@ -38,20 +23,21 @@ def install() -> bool:
     :data:`.job.OPT_INS_ENV` names: eager, the ``validate_config`` wrapper and the Hydra options; the rest as
     post-import hooks (loading the plugin imports neither the worker stack nor ``main_ppo``). On another verl (unless
     ``STAPO_ALLOW_UNSUPPORTED_VERL=1``, then after a loud warning): one warning line, nothing patched, only
-    :func:`_register_unsupported`. Returns whether the integration is installed."""
+    :func:`.unsupported.register_stand_ins`. Returns whether the integration is installed."""
     problems = gate.mismatches()
-    if problems and not gate.allowed_anyway():
-        logger.warning("%s", gate._inactive_warning(problems))
-        _register_unsupported()
-        return False
     if problems:
-        gate._warn_override(problems)
+        from stapo_verl.integration.verl_0_9_1 import unsupported
+
+        if not gate.allowed_anyway():
+            logger.warning("%s", unsupported.inactive_warning(problems))
+            unsupported.register_stand_ins(register_hydra_options)
+            return False
+        unsupported.warn_override(problems)
     from wrapt import register_post_import_hook
 
     from stapo_verl.core import masks  # noqa: F401  (registers the masks and loss_mode=stapo)
     from stapo_verl.integration.verl_0_9_1 import driver_config
     from stapo_verl.integration.verl_0_9_1.job import opt_ins_from_env
-    from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
 
     driver_config.install_validate_config()
     # "module:function" hooks: wrapt imports the module when verl's is imported, not now (a process whose first
@@ -61,7 +47,7 @@ def install() -> bool:
     register_post_import_hook(f"{here}.worker:patch_engine_workers", "verl.workers.engine_workers")
     for name in opt_ins_from_env():
         install_opt_in(name)
-    hydra_options.register()
+    register_hydra_options()
     return True
 
 

@@ -1,16 +1,10 @@
-"""What a job asks of the plugin, decided from its config (the one rule each wrapper applies), and the audit record.
+"""What a job asks of the plugin, decided from its config (the one rule every wrapper applies), and the audit record.
 
-verl's ``verl.plugins`` entry point imports the plugin into every process of every job, so each wrapper hands a job
-that did not ask verl's original, its arguments and its result. A job asks with a policy token mask
-(``policy_loss.loss_mode=stapo`` or a ``token_mask``: :func:`asks_for_mask`); each option has its own key and is
-loaded only when asked: the diagnostics (``mask_statistics``, ``dump_tokens``), ``+trainer.reproducible=True`` (any
-loss; :mod:`.determinism`), and the worker-side extras (``stats_source=current_minibatch``, ``s2t_random``). The
-options with wrappers in other Ray processes reach them as :data:`OPT_INS_ENV`, set by the ``validate_config``
-wrapper on the driver before Ray starts (as verl's ``run_ppo`` passes ``VERL_FULL_DETERMINISM``).
-
-**The audit record.** With ``STAPO_AUDIT_DIR=<dir>``, each wrapper that acts (not a pass-through) creates
-``<dir>/<pid>.<ledger symbol>``; the directory of a job that asked for nothing stays empty in every process
-(``tests/e2e/test_tiny_grpo.py``).
+A job asks with a policy token mask (``loss_mode=stapo`` or a ``token_mask``: :func:`asks_for_mask`); each option has
+its own key and is loaded only when asked: the diagnostics (``mask_statistics``, ``dump_tokens``),
+``+trainer.reproducible=True``, the worker-side extras (``stats_source=current_minibatch``, ``s2t_random``). Options with
+wrappers in other Ray processes reach them as :data:`OPT_INS_ENV`, set on the driver before Ray starts. With
+``STAPO_AUDIT_DIR=<dir>`` each wrapper that acts creates ``<dir>/<pid>.<ledger symbol>`` (:func:`record_acted`).
 """
 
 from __future__ import annotations

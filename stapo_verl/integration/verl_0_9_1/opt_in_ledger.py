@@ -1,7 +1,7 @@
 """The ledger of the plugin's options (verl 0.9.1's private API they touch), apart from the masked job's
 (:data:`stapo_verl.integration.verl_0_9_1.PATCHES`): a job that asks only for the mask neither loads nor checks it.
 
-One tuple per option; :func:`stapo_verl.integration.verl_0_9_1.check_opt_in` checks an option's entries when a job
+One tuple per option; :func:`check_opt_in` checks an option's entries when a job
 asks for it (on the driver, before Ray), with the same rules as the masked job's gate:
 
 * ``diagnostics``: the trainer's wrappers (``policy_loss.mask_statistics`` / ``dump_tokens``; :mod:`.trainer`);
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-from stapo_verl.ledger import Patch
+from stapo_verl.integration import verl_0_9_1 as gate
+from stapo_verl.ledger import Patch, ledger_mismatches
 
 DIAGNOSTICS: tuple[Patch, ...] = (
     Patch(
@@ -271,3 +272,22 @@ DRYRUN: tuple[Patch, ...] = (
 #: option → its entries
 OPT_IN_PATCHES = MappingProxyType({"diagnostics": DIAGNOSTICS, "extras": EXTRAS, "reproducible": REPRODUCIBLE,
                                    "dryrun": DRYRUN})
+
+
+def all_patches() -> tuple[Patch, ...]:
+    """The masked job's :data:`~stapo_verl.integration.verl_0_9_1.PATCHES` and every option's entries, in order."""
+    return gate.PATCHES + tuple(p for patches in OPT_IN_PATCHES.values() for p in patches)
+
+
+def check_opt_in(name: str, asked_by: str) -> None:
+    """The gate of one option (a key of :data:`OPT_IN_PATCHES`), run on the driver when a job asks for it.
+
+    Raises:
+        IncompatibleVerlError: as :func:`.unsupported.check_verl`, for the option's entries.
+        KeyError: ``name`` is no option.
+    """
+    problems = ledger_mismatches(OPT_IN_PATCHES[name], f"verl {gate.VERL_VERSION}")
+    if problems:
+        from stapo_verl.integration.verl_0_9_1.unsupported import raise_unless_allowed
+
+        raise_unless_allowed(problems, asked_by)

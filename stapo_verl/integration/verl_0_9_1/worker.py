@@ -1,20 +1,9 @@
-"""The series' worker wiring installed on verl 0.9.1's ``verl.workers.engine_workers`` (ledger:
-:data:`stapo_verl.integration.verl_0_9_1.PATCHES`).
-
-The methods are :mod:`stapo_verl.core.engine_workers` (one source: ``upstream/build_series.py`` copies them into
-verl's classes); each is installed behind a dispatcher that hands a worker without a pre-pass verl's own method, its
-arguments and its result:
-
-* ``TrainingWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)`` and ``ActorRolloutRefWorker.set_loss_fn``;
-* ``TrainingWorker.train_batch``: the series' method once a pre-pass is set. A pre-pass object with an
-  ``around_train_batch(worker, data, train_batch)`` method (the plugin's options:
-  :class:`.training_worker.StapoPrepareBatch`) runs the series' method itself, with its diagnostics around it;
-* ``ActorRolloutRefWorker.init_model``: after verl's body, when the actor's ``policy_loss`` asks for a mask
-  (:func:`.job.asks_for_mask`), the actor's loss is :func:`stapo_verl.core.losses.ppo_loss` (verl 0.9.1's plus the
-  mask, which PR A writes into verl's ``ppo_loss``) bound to verl's own actor config, and its
-  ``policy_token_mask_fn`` is the series' ``partial(apply_policy_token_mask, actor_config)``, or, for the plugin's
-  options (``stats_source=current_minibatch``, ``s2t_random``, the diagnostics), a
-  :class:`.training_worker.StapoPrepareBatch` (imported only then).
+"""The series' worker wiring on verl 0.9.1's ``verl.workers.engine_workers`` (ledger:
+:data:`stapo_verl.integration.verl_0_9_1.PATCHES`). The methods are :mod:`stapo_verl.core.engine_workers` (one source:
+``upstream/build_series.py`` copies them into verl's classes), each behind a dispatcher that hands a worker without a
+pre-pass verl's own method, its arguments and its result; ``init_model`` gives a masked actor the series' loss and
+mask pre-pass (:func:`wrap_init_model`). A pre-pass object with ``around_train_batch(worker, data, train_batch)`` (the
+plugin's options, :class:`.training_worker.StapoPrepareBatch`) runs the series' ``train_batch`` itself.
 """
 
 from __future__ import annotations

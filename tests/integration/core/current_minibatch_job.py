@@ -106,8 +106,9 @@ def main(out_path, port, stats_source, dump_dir, cap, engine="fsdp", tp=1, model
         tiny_qwen3(seed=0, vocab=VOCAB).save_pretrained(model_dir)
     worker = build_worker(engine, tp, model_dir)
     worker.reset()
+    # mask_statistics: the diagnostics (the old-policy mask beside the current one, for the disagreement metric)
     cfg = actor_config("stapo", s2t_tau_p=0.03, stats_source=stats_source, dump_tokens=bool(dump_dir), dump_dir=dump_dir,
-                       dump_max_rows_per_step=cap)
+                       dump_max_rows_per_step=cap, mask_statistics=True)
     token_counts = []  # every value ppo_loss writes to global_batch_info["batch_num_tokens"], in order
 
     class RecordingBatchInfo(dict):

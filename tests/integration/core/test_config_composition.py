@@ -23,12 +23,8 @@ from verl.workers.config import FSDPActorConfig, McoreActorConfig, PolicyLossCon
 
 from stapo_verl.core.masks import TOKEN_MASKS
 from stapo_verl.integration.verl_0_9_1.policy_loss import hydra_options
-from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
-    StapoConfigError,
-    StapoPolicyLossConfig,
-    fill_policy_loss_target,
-)
-from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
+from stapo_verl.integration.verl_0_9_1.policy_loss.checks import fill_policy_loss_target, validate_token_mask_config
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoConfigError, StapoPolicyLossConfig
 
 VERL_CONFIG_DIR = str(Path(verl.__file__).parent / "trainer" / "config")
 PL = "actor_rollout_ref.actor.policy_loss"

@@ -60,7 +60,8 @@ def main(out_path, model_dir, engine, tp, clip, dump_dir):
     if clip is not None:
         object.__setattr__(worker.optimizer_config, "clip_grad", clip)
     worker.reset()
-    cfg = actor_config("stapo", s2t_tau_p=0.0156, dump_tokens=True, dump_dir=dump_dir, table_max_rows=64)
+    cfg = actor_config("stapo", s2t_tau_p=0.0156, dump_tokens=True, dump_dir=dump_dir, table_max_rows=64,
+                       mask_statistics=True)
     from stapo_verl.integration.verl_0_9_1.training_worker import StapoPrepareBatch, current_forward_keys
 
     worker.set_loss_fn(functools.partial(core_losses.ppo_loss, config=cfg),  # as the init_model hook does

@@ -41,7 +41,8 @@ import verl
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_loss_vanilla, get_policy_loss_fn
 from verl.utils.config import omega_conf_to_dataclass
-from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, all_patches
+from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError
+from stapo_verl.integration.verl_0_9_1.opt_in_ledger import all_patches
 
 def live(symbol):
     parts = symbol.split(".")

@@ -97,7 +97,7 @@ def test_a_value_out_of_range_is_one_line_with_the_default_and_the_fix(tmp_path,
     assert _main(tmp_path, _overrides(*files, f"{KEY}.{name}=0")) == EXIT_CONFIG
     line = _one_error(capsys)
     default = default_of(f"{KEY}.{name}")
-    assert line == (f"[stapo recipe] ERROR: invalid config: {KEY}.{name}=0.0 is out of range: allowed "
+    assert line == (f"[stapo recipe] ERROR: invalid config: {KEY}.{name}=0 is out of range: allowed "
                     f"{RANGES[name].allowed}; default {default}. Fix: {KEY}.{name}={default} or another value with "
                     f"{RANGES[name].allowed}")
     assert len(line) < 400  # no dump of the overrides

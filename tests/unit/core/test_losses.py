@@ -180,10 +180,10 @@ def test_nonfinite_statistics_are_excluded_and_cannot_reach_the_gradient(bad):
 def test_a_configured_mask_that_was_not_applied_raises():
     b = random_minibatch(seed=6)
     n = int(b["rm"].sum())
-    with pytest.raises(RuntimeError, match="token_mask='s2t', but this micro-batch lacks 'policy_loss_mask'"):
+    with pytest.raises(RuntimeError, match="token_mask='s2t' but 'policy_loss_mask' is not in the micro-batch"):
         _loss(ppo_loss, actor_config("cispo", "s2t"), b, batch_num_tokens=n, global_batch_size=6)
     apply_policy_token_mask(actor_config("vanilla", "s2t"), b["td"])
-    with pytest.raises(RuntimeError, match="token_mask=None, but this micro-batch carries"):
+    with pytest.raises(RuntimeError, match="token_mask=None but 'policy_loss_mask' is in the micro-batch"):
         _loss(ppo_loss, actor_config("vanilla"), b, batch_num_tokens=n, global_batch_size=6)
 
 

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import stapo_verl.plugin  # noqa: F401  (installs the integration, as verl's entry point does)
+from stapo_verl.integration.verl_0_9_1.installer import install_opt_in
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload
 from stapo_verl.diagnostics.stats import Histogram
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import stapo_target
@@ -60,6 +61,13 @@ class WorkerGroup:
             metrics[PAYLOAD_KEY] = [DiagnosticsPayload(step=self.step, histograms={"entropy_adv_pos": h},
                                                        rows=[ROW] if request else None, rows_selected=1, dump=dump)]
         return tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": metrics})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def diagnostics_installed():
+    """The diagnostics' trainer wrappers, as a Ray process installs them when the driver names the option in
+    ``STAPO_VERL_OPT_INS`` (they pass through for a job that does not ask)."""
+    install_opt_in("diagnostics")
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from stapo_verl.integration.verl_0_9_1 import all_patches
+from stapo_verl.integration.verl_0_9_1.opt_in_ledger import all_patches
 
 DESIGN = Path(__file__).resolve().parents[3] / "docs" / "design.md"
 

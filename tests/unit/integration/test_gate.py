@@ -7,8 +7,10 @@ import pytest
 
 from stapo_verl.core import losses as core_losses
 from stapo_verl.integration import verl_0_9_1 as integ
+from stapo_verl.integration.verl_0_9_1.opt_in_ledger import OPT_IN_PATCHES, all_patches
 from stapo_verl.ledger import Patch
-from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, check_verl, fingerprint, mismatches
+from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, fingerprint, mismatches
+from stapo_verl.integration.verl_0_9_1.unsupported import check_verl
 from stapo_verl.integration.verl_0_9_1 import installer
 
 
@@ -104,7 +106,7 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
         "verl.trainer.main_ppo.run_ppo",
     ]
     assert {name: [p.symbol.rsplit(".", 2)[-2] + "." + p.symbol.rsplit(".", 1)[-1] for p in patches]
-            for name, patches in integ.opt_in_patches().items()} == {
+            for name, patches in OPT_IN_PATCHES.items()} == {
         "diagnostics": ["PPOTrainer._update_actor", "PPOTrainer._save_checkpoint", "PPOTrainer._load_checkpoint",
                         "PPOTrainer.__init__"],
         "extras": ["FSDPEngine.optimizer_step", "MegatronEngine.optimizer_step", "BaseEngine.train_batch",
@@ -118,5 +120,5 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
     # verl's own modules are otherwise untouched: the other TrainingWorker methods are verl's
     for name in ("train_mini_batch", "infer_batch"):
         assert not getattr(getattr(engine_workers.TrainingWorker, name), mark, False)
-    for p in integ.all_patches():
+    for p in all_patches():
         assert p.why and p.upstream and p.remove_when and p.action

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import stapo_verl
-from stapo_verl.integration.verl_0_9_1 import all_patches
+from stapo_verl.integration.verl_0_9_1.opt_in_ledger import all_patches
 
 PACKAGE = Path(stapo_verl.__file__).parent
 INTEGRATION = PACKAGE / "integration"

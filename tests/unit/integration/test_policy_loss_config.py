@@ -5,13 +5,15 @@ from omegaconf import OmegaConf
 from verl.utils.config import omega_conf_to_dataclass
 
 from stapo_verl.core.registry import POLICY_TOKEN_MASK_REGISTRY
-from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
+from stapo_verl.integration.verl_0_9_1.policy_loss.checks import (
     RENAMED_KEYS,
+    check_renamed_keys,
+    fill_policy_loss_target,
+)
+from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
     REPLACED_LOSS_MODES,
     StapoConfigError,
     StapoPolicyLossConfig,
-    check_renamed_keys,
-    fill_policy_loss_target,
     stapo_target,
 )
 

@@ -17,7 +17,7 @@ from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, compute_policy_los
 import stapo_verl
 from stapo_verl.core.masks import compute_policy_loss_stapo
 from stapo_verl.integration import verl_0_9_1 as integ
-from stapo_verl.integration.verl_0_9_1 import ALLOW_ENV, IncompatibleVerlError, driver_config, installer
+from stapo_verl.integration.verl_0_9_1 import ALLOW_ENV, IncompatibleVerlError, driver_config, installer, unsupported
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoNotRegisteredError, StapoPolicyLossConfig
 
 FOUND = f"stapo-verl {stapo_verl.__version__} is written for verl 0.9.1; found verl 0.9.0"
@@ -48,7 +48,7 @@ def test_install_on_another_verl_warns_once_and_patches_nothing(other_verl, capl
     assert other_verl == []  # neither the eager patch nor a post-import hook
     # verl's own losses as before; loss_mode=stapo is the version error, through verl's public registry
     assert get_policy_loss_fn("vanilla") is compute_policy_loss_vanilla
-    assert POLICY_LOSS_REGISTRY["stapo"] is integ.unsupported_verl_policy_loss
+    assert POLICY_LOSS_REGISTRY["stapo"] is unsupported.unsupported_verl_policy_loss
     with pytest.raises(IncompatibleVerlError, match=rf"^{PL}\.loss_mode='stapo' needs .*{FOUND}\. .*{ALLOW_ENV}=1"):
         get_policy_loss_fn("stapo")(None, None, None, None)
 

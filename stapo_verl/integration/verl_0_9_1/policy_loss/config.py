@@ -2,7 +2,7 @@
 this module goes).
 
 :class:`StapoPolicyLossConfig` is selected through ``policy_loss._target_``, which the plugin fills on the driver when
-``loss_mode=stapo`` or a ``token_mask`` is set (:func:`fill_policy_loss_target`), or through the Hydra options
+``loss_mode=stapo`` or a ``token_mask`` is set (:func:`.checks.fill_policy_loss_target`), or through the Hydra options
 ``actor/stapo_<engine>_actor``. The allowed values of every key live in :mod:`stapo_verl.algo.config_ranges`; the
 cross-key checks of a whole trainer config in :mod:`.checks`. Source: STAPO paper (arXiv 2602.15620) §3 and §5 for
 the defaults; verl ``verl.workers.config.PolicyLossConfig``.
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Optional
 
-from omegaconf import DictConfig, open_dict, read_write
 from verl.workers.config.actor import PolicyLossConfig
 
 from stapo_verl.algo.config_ranges import KEY, StapoConfigError, check_range, check_type
@@ -31,9 +30,6 @@ MASK_KEYS = MappingProxyType({"s2t": ("s2t_tau_p", "s2t_entropy_quantile"),
                               "s2t_full": ("s2t_tau_p",), "top_entropy": ("top_entropy_ratio",)})
 TOKEN_MASK_KEYS = ("s2t_tau_p", "s2t_entropy_quantile", "top_entropy_ratio")
 STATS_SOURCES = ("old_policy", "current_minibatch")
-#: keys of earlier stapo-verl versions → their names now (one error line on the driver: :func:`check_renamed_keys`)
-RENAMED_KEYS = MappingProxyType({"tau_p": "s2t_tau_p", "entropy_quantile": "s2t_entropy_quantile"})
-VERL_DEFAULT_TARGET = "verl.workers.config.PolicyLossConfig"
 PLUGIN_MODULE = "stapo_verl.plugin"
 
 
@@ -53,7 +49,9 @@ def require_plugin_loaded(asked_by: str = f"{KEY} (loss_mode=stapo or a token_ma
 
     if PLUGIN_MODULE not in sys.modules or not gate.installed():
         if PLUGIN_MODULE in sys.modules:
-            gate.check_verl(asked_by)
+            from stapo_verl.integration.verl_0_9_1.unsupported import check_verl
+
+            check_verl(asked_by)
         raise StapoNotRegisteredError(
             f"{asked_by} asks for stapo-verl, but the plugin is not loaded in this process (verl ignores a plugin's "
             "import error). Fix: `pip install stapo-verl` in the environment of every node, keep "
@@ -150,46 +148,3 @@ class StapoPolicyLossConfig(PolicyLossConfig):
 def stapo_target() -> str:
     """The ``_target_`` that builds :class:`StapoPolicyLossConfig`."""
     return f"{StapoPolicyLossConfig.__module__}.{StapoPolicyLossConfig.__qualname__}"
-
-
-def check_renamed_keys(values) -> None:
-    """Raise on a key of :data:`RENAMED_KEYS` with a value in a policy-loss node (a mapping), naming the new key.
-
-    Raises:
-        StapoConfigError: e.g. ``tau_p`` → ``s2t_tau_p``, with the fix.
-    """
-    for old, new in RENAMED_KEYS.items():
-        if values.get(old, None) is not None:
-            raise StapoConfigError(f"{KEY}.{old}={values.get(old)!r}: the key was renamed to {KEY}.{new}. Fix: "
-                                   f"{KEY}.{new}={values.get(old)}", key=f"{KEY}.{old}", value=values.get(old),
-                                   allowed=f"null; set {KEY}.{new} instead")
-
-
-def fill_policy_loss_target(config) -> bool:
-    """Point ``policy_loss._target_`` (verl's ``actor.yaml``: its ``PolicyLossConfig``, which has no ``token_mask``)
-    at :class:`StapoPolicyLossConfig` when the job asks for a mask, in place, so that every later
-    ``omega_conf_to_dataclass`` (driver and workers) builds it. Returns whether it wrote ``_target_``.
-
-    Raises:
-        StapoConfigError: a renamed key has a value, or ``_target_`` names a class other than verl's or ours.
-    """
-    from hydra.utils import get_class
-
-    pl = config.get("actor_rollout_ref", {}).get("actor", {}).get("policy_loss", None)
-    if not isinstance(pl, DictConfig) or not asks_for_mask(pl):
-        return False
-    check_renamed_keys(pl)
-    target = pl.get("_target_", None)
-    try:
-        cls = get_class(str(target)) if target not in (None, VERL_DEFAULT_TARGET) else PolicyLossConfig
-    except Exception as e:  # ImportError, AttributeError, Hydra's ValueError: not a usable class
-        raise StapoConfigError(f"{KEY}._target_={target!r} cannot be imported: {type(e).__name__}: {e}") from e
-    if isinstance(cls, type) and issubclass(cls, StapoPolicyLossConfig):
-        return False
-    if cls is not PolicyLossConfig:
-        raise StapoConfigError(f"{KEY}.loss_mode={pl.get('loss_mode')}/token_mask={pl.get('token_mask', None)} needs "
-                               f"{KEY}._target_={stapo_target()} (or a subclass), got {target!r}. Remove the "
-                               "_target_ override (the plugin sets it) or point it at that class.")
-    with read_write(pl), open_dict(pl):
-        pl["_target_"] = stapo_target()
-    return True

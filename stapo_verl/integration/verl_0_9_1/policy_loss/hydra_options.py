@@ -1,25 +1,14 @@
 """Hydra config-group options ``actor/stapo_dp_actor`` and ``actor/stapo_megatron_actor``: the mask keys without ``+``.
 
-Selected like any verl actor config (``verl/trainer/config/ppo_trainer.yaml`` has
-``- actor@actor_rollout_ref.actor: ${model_engine}_actor`` in its defaults list)::
+Selected like any verl actor config (``ppo_trainer.yaml``'s ``- actor@actor_rollout_ref.actor: ${model_engine}_actor``)::
 
     python -m verl.trainer.main_ppo ... 'actor@actor_rollout_ref.actor=stapo_${model_engine}_actor' \\
         actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.01
 
-Each option is ``defaults: [<engine>_actor, _self_]`` (verl's own ``actor/dp_actor.yaml`` /
-``actor/megatron_actor.yaml``, unchanged) plus ``policy_loss._target_``, ``policy_loss.loss_mode: stapo``,
-``policy_loss.token_mask: s2t`` (STAPO) and every other field :class:`~.config.StapoPolicyLossConfig` adds to verl's
-``PolicyLossConfig`` with its dataclass default. Because the keys are declared, overriding them needs
-no ``+`` and a misspelt key fails in Hydra (``Key 'tau_pp' is not in struct``). ``loss_mode`` can be set to any
-verl loss (``loss_mode=cispo`` keeps ``token_mask=s2t``: S2T in front of CISPO).
-
-Registered in Hydra's ``ConfigStore`` (the ``structured://`` config source every Hydra app searches) at plugin
-import, i.e. inside ``import verl``, which ``python -m verl.trainer.main_ppo`` runs before ``@hydra.main`` composes.
-Source: Hydra 1.3 "Config Store API" and "Defaults List"; verl 0.9.1 ``trainer/config/actor/*.yaml``.
-
-Part of the verl 0.9.1 integration, not of :mod:`stapo_verl.core`: the options exist because verl 0.9.1's
-``actor.yaml`` declares no ``token_mask`` (and the keys are those of the plugin's config class, which verl 0.9.1
-needs as ``_target_``). With the upstream series ``actor.yaml`` declares the mask keys itself.
+Each is ``defaults: [<engine>_actor, _self_]`` plus ``policy_loss._target_``, ``loss_mode: stapo``, ``token_mask: s2t``
+and every other field :class:`~.config.StapoPolicyLossConfig` adds, with its default: declared keys need no ``+``, and
+a misspelt one fails in Hydra. Stored in Hydra's ``ConfigStore`` at plugin import (inside ``import verl``, before
+``@hydra.main`` composes). Source: Hydra 1.3 "Config Store API"; verl 0.9.1 ``trainer/config/actor/*.yaml``.
 """
 
 from __future__ import annotations
