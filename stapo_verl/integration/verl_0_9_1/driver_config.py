@@ -1,8 +1,9 @@
 """Driver-side wrappers of ``verl.utils.config.validate_config`` and ``verl.trainer.main_ppo.run_ppo`` (ledger:
 :data:`stapo_verl.integration.verl_0_9_1.PATCHES`): for a job that asks, they fill ``policy_loss._target_``
 (:func:`.policy_loss.checks.fill_policy_loss_target`; ``validate_config`` also runs the cross-key checks) on the
-``DictConfig`` Ray then ships, and set :data:`.job.OPT_INS_ENV` to the options asked for before Ray starts. A job that
-asks for nothing gets verl's function, its arguments and its result, its config untouched.
+``DictConfig`` Ray then ships, and set :data:`.job.OPT_INS_ENV` to the options asked for before Ray starts (in the
+driver's environment and in the job's Ray ``runtime_env``). A job that asks for nothing gets verl's function, its
+arguments and its result, its config untouched.
 """
 
 from __future__ import annotations
@@ -29,9 +30,28 @@ def _asks(config) -> bool:
         check_opt_in(name, f"the option {name!r} of stapo-verl")
     if names:
         os.environ[OPT_INS_ENV] = ",".join(names)
+        _ship_to_ray(config, OPT_INS_ENV, ",".join(names))
     else:
         os.environ.pop(OPT_INS_ENV, None)
     return job_request(config).masked
+
+
+def _ship_to_ray(config, name: str, value: str) -> None:
+    """Set ``ray_kwargs.ray_init.runtime_env.env_vars.<name>``, which ``run_ppo``'s ``ray.init`` hands every process
+    of the job, also on a cluster started before it (``ray start``, ``RAY_ADDRESS``), where the driver's own
+    environment does not reach the workers."""
+    from omegaconf import DictConfig, open_dict
+
+    node = config
+    for key in ("ray_kwargs", "ray_init", "runtime_env", "env_vars"):
+        if not isinstance(node, DictConfig):
+            return
+        with open_dict(node):
+            if node.get(key, None) is None:
+                node[key] = {}
+        node = node[key]
+    with open_dict(node):
+        node[name] = value
 
 
 def wrap_validate_config(orig):

@@ -300,6 +300,9 @@ def test_options_reach_the_ray_processes_only_when_asked(plain_config, monkeypat
     driver_config.wrap_validate_config(Spy())(asking, True, False)
     assert os.environ[job.OPT_INS_ENV] == "diagnostics,reproducible"
     assert job.opt_ins_from_env() == ("diagnostics", "reproducible")
+    # and in the job's Ray runtime_env, which reaches the workers of a cluster started before the job
+    assert asking.ray_kwargs.ray_init.runtime_env.env_vars[job.OPT_INS_ENV] == "diagnostics,reproducible"
+    assert job.OPT_INS_ENV not in (plain_config.ray_kwargs.ray_init.get("runtime_env") or {}).get("env_vars", {})
     only_mask = _merged(plain_config, {"actor_rollout_ref": {"actor": {"policy_loss": {"loss_mode": "stapo"}}}})
     driver_config.wrap_validate_config(Spy())(only_mask, True, False)
     assert job.opt_ins_from_env() == ()
