@@ -95,9 +95,10 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     # the policy token mask (policy_loss.token_mask): written by apply_policy_token_mask for the whole mini-batch
     token_mask = config.policy_loss.get("token_mask", None)
     if (token_mask is not None) != ("policy_loss_mask" in data.keys()):
-        raise RuntimeError(f"policy_loss.token_mask={token_mask!r} but 'policy_loss_mask' is "
-                           f"{'not ' * bool(token_mask)}in the micro-batch: apply_policy_token_mask must run "
-                           "exactly when a mask is set")
+        raise RuntimeError(
+            f"policy_loss.token_mask={token_mask!r} but 'policy_loss_mask' is {'not ' * bool(token_mask)}in the "
+            "micro-batch: apply_policy_token_mask must run exactly when a mask is set"
+        )
     # the policy-gradient term divides by the kept tokens; the entropy and KL terms below by every valid token
     pg_batch_num_tokens = max(data["policy_batch_num_tokens"], 1) if token_mask is not None else batch_num_tokens
 

@@ -243,10 +243,10 @@ def test_micro_batches_add_up_to_the_mini_batch(loss_agg_mode):
 
 def test_a_configured_mask_that_did_not_run_raises():
     td, padded, _ = _mini_batch(seed=6)
-    with pytest.raises(RuntimeError, match="token_mask='even_positions', but this micro-batch lacks 'policy_loss"):
+    with pytest.raises(RuntimeError, match="token_mask='even_positions' but 'policy_loss_mask' is not in"):
         _loss(_actor_config("cispo", token_mask=MASK), td, padded)
     apply_policy_token_mask(_actor_config(token_mask=MASK), td)
-    with pytest.raises(RuntimeError, match="token_mask=None, but this micro-batch carries 'policy_loss_mask'"):
+    with pytest.raises(RuntimeError, match="token_mask=None but 'policy_loss_mask' is in the micro-batch"):
         _loss(_actor_config(), td, padded)
 
 
