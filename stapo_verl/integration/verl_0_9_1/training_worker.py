@@ -34,10 +34,10 @@ from stapo_verl.core.masks import S2T_FIELDS, S2T_TOKEN_MASKS
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload, gather_rows, table_rows
 from stapo_verl.diagnostics.stats import MaskStatistics, is_vocab_size, mask_statistics
 from stapo_verl.integration.verl_0_9_1.engine_grads import reading_lm_head_grad_norm
+from stapo_verl.integration.verl_0_9_1.job import TokenMaskIntegrationError
 
 #: worker output metric of the LM-head gradient norm (verl's driver keeps keys that already start with "actor/")
 LM_HEAD_GRAD_NORM_KEY = "actor/stapo/lm_head_grad_norm"
-from stapo_verl.integration.verl_0_9_1.job import TokenMaskIntegrationError
 
 
 @dataclass

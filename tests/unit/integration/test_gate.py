@@ -122,3 +122,12 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
         assert not getattr(getattr(engine_workers.TrainingWorker, name), mark, False)
     for p in all_patches():
         assert p.why and p.upstream and p.remove_when and p.action
+
+
+def test_the_options_that_travel_to_ray_are_the_ones_with_hooks_and_ledgers():
+    """job.OPT_INS (what the driver names in STAPO_VERL_OPT_INS), the installer's hooks and the options' ledgers
+    name the same options: one with hooks but no name would never be installed, one named without hooks is a no-op."""
+    from stapo_verl.integration.verl_0_9_1 import job
+
+    assert tuple(installer.OPT_IN_HOOKS) == job.OPT_INS
+    assert set(job.OPT_INS) <= set(OPT_IN_PATCHES)
