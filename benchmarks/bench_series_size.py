@@ -11,8 +11,8 @@ Prints, for a job that asks only for the S2T mask (``loss_mode=stapo``) on the v
    import nothing more (the series' loss and pre-pass live in modules already loaded).
 2. **Ledger entries and wrappers**: ``PATCHES`` of ``stapo_verl.integration.verl_0_9_1``; a wrapper is an entry whose
    action wraps, replaces or rebinds a verl symbol.
-3. **PR sizes**: production ``.py`` lines added by PR A and PR B (``upstream/build_series.py --sizes``, which builds
-   the series from the plugin's sources; needs verl 0.9.1's sdist, ``VERL_SDIST`` or a download).
+3. **PR sizes**: production ``.py`` lines added by PR A and PR B in the committed ``upstream/patches/``
+   (``upstream/build_series.py --sizes``; ``scripts/check_upstream.sh`` checks they are what the sources build).
 
 Last line: ``series_size lines=<n> ledger=<n> wrappers=<n> pr_a=<n> pr_b=<n> within_limits=<bool>``. Usage:
     python benchmarks/bench_series_size.py [--no-prs]
@@ -79,7 +79,7 @@ def parse_pr_sizes(table: str) -> dict[str, int]:
 
 
 def pr_sizes() -> dict[str, int]:
-    """:func:`parse_pr_sizes` of ``build_series.py --sizes`` (builds the series)."""
+    """:func:`parse_pr_sizes` of ``build_series.py --sizes`` (the committed patches)."""
     out = subprocess.run([sys.executable, str(ROOT / "upstream" / "build_series.py"), "--sizes"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     return parse_pr_sizes(out)
@@ -87,7 +87,7 @@ def pr_sizes() -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-prs", action="store_true", help="skip the PR sizes (no sdist needed)")
+    parser.add_argument("--no-prs", action="store_true", help="skip the PR sizes")
     args = parser.parse_args(argv)
     p = probe()
     got = {"lines": sum(p["modules"].values()), "ledger": p["ledger"], "wrappers": len(p["wrappers"])}

@@ -1,8 +1,6 @@
 """stapo-verl: STAPO (Spurious-Token-Aware Policy Optimization, arXiv 2602.15620) for verl 0.9.1; imports neither verl
-nor torch. The plugin (:mod:`.plugin`, verl's entry point) installs the series (:mod:`.core`, :mod:`.algo`) through
-:mod:`.integration`; the lab and tools: :mod:`.minibatch`, :mod:`.diagnostics`, :mod:`.cpu`, :mod:`.rewards`,
-:mod:`.data`, :mod:`.eval`, :mod:`.plots`, :mod:`.launch` (docs/architecture.md).
-"""
+nor torch. The plugin (:mod:`.plugin`) installs the series (:mod:`.core`, :mod:`.algo`) through :mod:`.integration`;
+the options, lab and tools: docs/architecture.md."""
 
 from importlib.metadata import PackageNotFoundError, version
 

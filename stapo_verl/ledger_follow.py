@@ -1,6 +1,7 @@
 """The parts of :mod:`stapo_verl.ledger`'s lookup a job that asks only for the plugin's mask does not need (its entries
-are all defined where they are named): through imports and base classes, and the signature of a variable; imported
-when a lookup needs them. ``lookup``: :mod:`stapo_verl.ledger`'s ``_lookup(symbol, files, hops)``."""
+are all defined where they are named): names bound by assignments or imports, members inherited from base classes, and
+the signature of a variable; imported when a lookup needs them. ``lookup``: :mod:`stapo_verl.ledger`'s
+``_lookup(symbol, files, hops)``."""
 
 from __future__ import annotations
 
@@ -98,3 +99,39 @@ def through_bases(lookup: Callable, node: ast.ClassDef, module: str, path: str, 
             if result[0] is not None:
                 return result
     return None, None
+
+
+def _binds(stmt: ast.AST, name: str) -> bool:
+    if isinstance(stmt, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets)
+    return isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == name
+
+
+def _imported(stmt: ast.AST, name: str, at_module_level: bool) -> ast.alias | None:
+    """The alias of an ``import`` / ``from … import`` statement that binds ``name``, or None."""
+    if isinstance(stmt, ast.ImportFrom):
+        return next((a for a in stmt.names if (a.asname or a.name) == name), None)
+    if isinstance(stmt, ast.Import) and at_module_level:
+        return next((a for a in stmt.names if a.asname == name or (a.asname is None and a.name == name)), None)
+    return None
+
+
+def member(lookup: Callable, node: ast.AST, tree: ast.Module, name: str, rest: list[str], module: str, path: str,
+           files: dict, hops: int) -> ast.AST | tuple[str | None, str | None]:
+    """The statement of the body of ``node`` (``tree``, the module ``module`` read from ``path``, or a class in it)
+    that defines or assigns ``name``, the last one winning; else the fingerprint of ``name`` followed by the parts
+    ``rest``: through the first import that binds ``name`` (which wins over any definition), through the bases of a
+    class that does not define it, or ``(None, None)`` (also for a member of a variable)."""
+    found = None
+    for child in getattr(node, "body", []):
+        if getattr(child, "name", None) == name or _binds(child, name):
+            found = child  # the last definition wins (overloads, redefinitions)
+        elif (alias := _imported(child, name, node is tree)) is not None:
+            return through_import(lookup, child, alias, module, path, rest, files, hops)
+    if found is None:
+        if isinstance(node, ast.ClassDef) and node.bases:  # a member the class inherits
+            return through_bases(lookup, node, module, path, tree, [name, *rest], files, hops)
+        return None, None
+    if isinstance(found, ast.Assign | ast.AnnAssign) and rest:
+        return None, None
+    return found

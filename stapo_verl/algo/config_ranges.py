@@ -1,12 +1,10 @@
-"""The allowed type and values of each policy-loss key (one definition each): the config checks them when it is built
-(the mask's keys when that mask is selected, the diagnostics' when they are asked for), and a public library function
-taking one of these values (τ_p, q, ρ, the collapse window) calls the same check, so it accepts what the config accepts
-with the same message. Imports neither torch nor verl (:mod:`stapo_verl.algo`), so any module can import it.
+"""The allowed type and values of each policy-loss key of the masks (one definition each; the diagnostics' keys:
+:mod:`stapo_verl.diagnostics.config`): the config checks them when it is built, and a library function taking one of
+these values (τ_p, q, ρ) calls the same check, with the same message. Imports neither torch nor verl.
 """
 
 from __future__ import annotations
 
-import math
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,31 +43,24 @@ RANGES = types.MappingProxyType({
     "s2t_tau_p": Range(lambda v: 0.0 < v < 1.0, "0 < s2t_tau_p < 1"),
     "s2t_entropy_quantile": Range(lambda v: 0.0 < v <= 1.0, "0 < s2t_entropy_quantile <= 1"),
     "top_entropy_ratio": Range(lambda v: 0.0 < v <= 1.0, "0 < top_entropy_ratio <= 1"),
-    "dump_max_rows_per_step": Range(lambda v: v >= 1, ">= 1"),
-    "dump_every": Range(lambda v: v is None or v >= 0,
-                        "null (at each validation), 0 (never) or n >= 1 (every n steps)"),
-    "table_max_rows": Range(lambda v: v >= 2, ">= 2"),
-    "collapse_z_threshold": Range(lambda v: v is None or (math.isfinite(v) and v > 0),
-                                  "> 0, or null for z-scores without warnings"),
-    "collapse_window": Range(lambda v: v >= 2, ">= 2"),
 })
 
 
-def check_range(key: str, value):
-    """``value`` if it is allowed for ``actor_rollout_ref.actor.policy_loss.<key>`` (:data:`RANGES`).
+def check_range(key: str, value, ranges=RANGES):
+    """``value`` if it is allowed for ``actor_rollout_ref.actor.policy_loss.<key>`` (``ranges``: :data:`RANGES`).
 
     Raises:
         StapoConfigError: naming the key, the value and what is allowed.
         KeyError: ``key`` has no range here.
     """
-    rule = RANGES[key]
+    rule = ranges[key]
     if not rule.test(value):
         raise StapoConfigError(f"{KEY}.{key}={value!r} is out of range: allowed {rule.allowed}",
                                key=f"{KEY}.{key}", value=value, allowed=rule.allowed)
     return value
 
 
-#: the type each of the plugin's policy-loss keys takes (a bool is never a number; NaN fails the range)
+#: the type each of the masks' policy-loss keys takes (a bool is never a number; NaN fails the range)
 TYPES = types.MappingProxyType({
     "token_mask": ((str, type(None)), "a mask name or null"),
     "stats_source": ((str,), "a string"),
@@ -79,24 +70,17 @@ TYPES = types.MappingProxyType({
     "random_mask_seed": ((int,), "an int"),
     "mask_statistics": ((bool,), "true or false (unquoted)"),
     "dump_tokens": ((bool,), "true or false (unquoted)"),
-    "dump_dir": ((str,), "a string"),
-    "dump_max_rows_per_step": ((int,), "an int"),
-    "dump_every": ((int, type(None)), "an int or null"),
-    "table_max_rows": ((int,), "an int"),
-    "collapse_z_threshold": ((int, float, type(None)), "a number or null"),
-    "collapse_window": ((int,), "an int"),
-    "collapse_warmup_steps": ((int,), "an int"),
 })
 
 
-def check_type(key: str, value):
-    """``value`` if it has the type of ``actor_rollout_ref.actor.policy_loss.<key>`` (:data:`TYPES`).
+def check_type(key: str, value, types=TYPES):
+    """``value`` if it has the type of ``actor_rollout_ref.actor.policy_loss.<key>`` (``types``: :data:`TYPES`).
 
     Raises:
         StapoConfigError: naming the key, the value, its type and what is allowed (a quoted number is a string).
         KeyError: ``key`` has no type here.
     """
-    kinds, allowed = TYPES[key]
+    kinds, allowed = types[key]
     if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
         raise StapoConfigError(f"{KEY}.{key}={value!r} ({type(value).__name__}): allowed {allowed}",
                                key=f"{KEY}.{key}", value=value, allowed=allowed)

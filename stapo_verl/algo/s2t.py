@@ -1,10 +1,7 @@
-"""S2T mask of STAPO (https://arxiv.org/abs/2602.15620, §3, Algorithm 1); torch only.
-
-Token (i, t) is spurious iff Â_i > 0, p_{i,t} < τ_p and H_{i,t} < τ_h = Quantile_q(P) (linear), P the entropies of
-the valid candidates (Â > 0, p < τ_p) over the data-parallel group. Spurious tokens and valid non-finite ones leave
-the policy-gradient term and its token-mean denominator. The group exchange is two tensor ``all_gather`` calls on the
-inputs' device (the caller puts them on the group's device, as verl's engines do with their token count). One mask
-reads the device twice: the group's counts (the sizes of the candidates' exchange) and the metrics.
+"""S2T mask of STAPO (https://arxiv.org/abs/2602.15620, §3, Algorithm 1); torch only. Token (i, t) is spurious iff
+Â_i > 0, p_{i,t} < τ_p and H_{i,t} < τ_h = Quantile_q(P), P the entropies of the valid candidates (Â > 0, p < τ_p)
+over the data-parallel group; spurious and valid non-finite tokens leave the policy-gradient term and its token-mean
+denominator. Two tensor ``all_gather`` calls on the inputs' device; two device reads: the group's counts, the metrics.
 """
 
 from __future__ import annotations
@@ -14,35 +11,16 @@ import math
 import torch
 import torch.distributed as dist
 
-#: the most elements ``torch.quantile`` accepts (it raises above); :func:`quantile_linear` has no such limit
-TORCH_QUANTILE_MAX_NUMEL = 2**24
-
 
 def below_tau_p(log_prob: torch.Tensor, tau_p: float) -> torch.Tensor:
-    """The candidate rule p < τ_p (paper §3) as log p < ln τ_p in fp32, any shape, bool (NaN: False); the mask and
-    its statistics both apply it."""
+    """The candidate rule p < τ_p (paper §3) as log p < ln τ_p in fp32, any shape, bool (NaN: False)."""
     return log_prob.detach().float() < math.log(tau_p)
 
 
-def quantile_linear(values: torch.Tensor, q) -> torch.Tensor:
-    """``torch.quantile(values, q)`` (linear) without its 2^24-element limit, bit for bit where both run: one sort,
-    rank q·(n − 1) in the values' dtype (float64 above 2^24), ``lerp`` of its neighbours. ``values``: (n,) finite,
-    n ≥ 1; ``q``: a float in [0, 1] (0-d result) or a sequence of them ((len(q),)). Raises ValueError (shape)."""
-    if values.ndim != 1 or values.numel() == 0:
-        raise ValueError(f"quantile_linear needs a non-empty 1-d tensor, got shape {tuple(values.shape)}")
-    n, qs = values.numel(), list(q) if isinstance(q, list | tuple) else [q]
-    ranks = torch.tensor(qs, dtype=values.dtype if n <= TORCH_QUANTILE_MAX_NUMEL else torch.float64) * (n - 1)
-    below, ordered = ranks.long().to(values.device), torch.sort(values).values
-    out = torch.lerp(ordered[below], ordered[ranks.ceil().long().to(values.device)], (ranks - ranks.floor()).to(values))
-    return out if isinstance(q, list | tuple) else out[0]
-
-
 def candidate_mask(log_prob, entropy, advantages, response_mask, tau_p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates P (valid, finite, Â > 0, :func:`below_tau_p`; paper §3) and the valid non-finite tokens, (bs, T) bool.
-
-    ``log_prob`` (log p of the sampled token), ``entropy`` (nats), ``advantages``: (bs, T) float, read detached in
-    fp32; ``response_mask``: (bs, T) bool or int. Raises ValueError when the four shapes differ.
-    """
+    """Candidates P (valid, finite, Â > 0, p < τ_p; paper §3) and the valid non-finite tokens, (bs, T) bool.
+    ``log_prob`` (of the sampled token), ``entropy`` (nats), ``advantages``: (bs, T) float, read detached in fp32;
+    ``response_mask``: (bs, T) bool or int. Raises ValueError when the four shapes differ."""
     shapes = {tuple(t.shape) for t in (log_prob, entropy, advantages, response_mask)}
     if len(shapes) != 1:
         raise ValueError(f"S2T inputs must share one (batch, response_len) shape, got {sorted(shapes)}")
@@ -55,9 +33,9 @@ def candidate_mask(log_prob, entropy, advantages, response_mask, tau_p: float) -
 
 def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, group=None):
     """P over ``group`` (None: this process holds all): ``(rows, mine, index, n_valid, n_nonfinite)``: rows (|P|, 2)
-    float32 (H, log p) of every rank's candidates in rank order, ``mine`` the slice of this rank's rows, ``index``
-    their flat positions in the (bs, T) inputs (int64), and the group's valid and non-finite token counts (ints).
-    Inputs (bs, T) as in :func:`candidate_mask` and its outputs. One device-to-host copy: the group's counts."""
+    float32 (H, log p) of all ranks' candidates in rank order, ``mine`` this rank's slice, ``index`` their flat (int64)
+    positions in the (bs, T) inputs, the group's valid and non-finite token counts (ints). Inputs (bs, T) as in
+    :func:`candidate_mask` and its outputs. One device-to-host copy: the group's counts."""
     counts = torch.stack([candidates.sum(), response_mask.bool().sum(), nonfinite.sum()])
     distributed = group is not None and dist.is_initialized() and dist.get_world_size(group) > 1
     if distributed:
@@ -81,14 +59,11 @@ def gather_candidates(log_prob, entropy, response_mask, candidates, nonfinite, g
 
 
 def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h) -> dict[str, float]:
-    """The mask's metrics under ``actor/stapo/``, global over the group: masked_frac and candidate_frac (of the valid
-    tokens), num_masked, num_candidates, nonfinite_tokens, renorm_factor (valid / kept tokens), and when defined tau_h
-    (nats), masked_p_mean and masked_entropy_mean (over the silenced tokens). ``rows``: :func:`gather_candidates`'s;
-    ``silenced``: (|P|,) bool; ``tau_h``: 0-d tensor, float or None. One device-to-host copy."""
-    silent = silenced.to(rows.device)
+    """Metrics under ``actor/stapo/``, global over the group: masked_frac, candidate_frac (of the valid tokens),
+    num_masked, num_candidates, nonfinite_tokens, renorm_factor (valid / kept tokens), tau_h (nats; given unless None:
+    0-d tensor or float). ``rows``: :func:`gather_candidates`'s; ``silenced``: (|P|,) bool. One device-to-host copy."""
     tau = torch.as_tensor(math.nan if tau_h is None else tau_h, dtype=torch.float64, device=rows.device).reshape(())
-    p_exp, h = torch.where(silent, rows[:, 1].double().exp(), 0.0), torch.where(silent, rows[:, 0].double(), 0.0)
-    n_masked, p_sum, h_sum, tau = torch.stack([silent.sum().double(), p_exp.sum(), h.sum(), tau]).tolist()
+    n_masked, tau = torch.stack([silenced.to(rows.device).sum().double(), tau]).tolist()
     n_masked, prefix = int(n_masked), "actor/stapo/"
     metrics = {
         prefix + "masked_frac": n_masked / max(n_valid, 1),
@@ -100,9 +75,6 @@ def s2t_metrics(rows, silenced, n_valid: int, n_nonfinite: int, tau_h) -> dict[s
     }
     if tau_h is not None:
         metrics[prefix + "tau_h"] = tau
-    if n_masked > 0:
-        metrics[prefix + "masked_p_mean"] = p_sum / n_masked
-        metrics[prefix + "masked_entropy_mean"] = h_sum / n_masked
     return metrics
 
 
@@ -115,14 +87,14 @@ def keep_from_silenced(candidates, nonfinite, response_mask, silenced, mine, ind
 
 def s2t_keep_mask(log_prob, entropy, advantages, response_mask, *, tau_p=0.002, q=0.75, group=None):
     """Keep mask K = valid ∧ finite ∧ ¬spurious, (bs, T) bool, and :func:`s2t_metrics`, for this rank's share of an
-    optimizer mini-batch (paper §3, Algorithm 1; τ_p = 0.002, q = 0.75 there). P is gathered over ``group`` before
-    τ_h (:func:`quantile_linear`, any |P|) is taken, so K does not depend on the DP or micro-batch split. Inputs as
-    in :func:`candidate_mask`, on the group's device. Raises ValueError (shapes)."""
+    optimizer mini-batch (paper §3, Algorithm 1; τ_p = 0.002, q = 0.75 there). τ_h = ``torch.quantile(P, q)`` (linear)
+    of P gathered over ``group``: K is independent of the DP and micro-batch split. Inputs as in :func:`candidate_mask`,
+    on the group's device. Raises ValueError (shapes); RuntimeError unless |P| ≤ 2^24, torch.quantile's limit."""
     candidates, nonfinite = candidate_mask(log_prob, entropy, advantages, response_mask, tau_p)
     rows, mine, index, n_valid, n_nonfinite = gather_candidates(
         log_prob, entropy, response_mask, candidates, nonfinite, group
     )
-    tau_h = quantile_linear(rows[:, 0], q) if len(rows) else None
+    tau_h = torch.quantile(rows[:, 0], q) if len(rows) else None
     silenced = rows[:, 0] < tau_h if tau_h is not None else torch.zeros(0, dtype=torch.bool, device=rows.device)
     keep = keep_from_silenced(candidates, nonfinite, response_mask, silenced, mine, index)
     return keep, s2t_metrics(rows, silenced, n_valid, n_nonfinite, tau_h)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from stapo_verl.algo.s2t import candidate_mask, gather_candidates, keep_from_silenced, quantile_linear, s2t_metrics
+from stapo_verl.algo.s2t import candidate_mask, gather_candidates, keep_from_silenced, s2t_metrics
 from stapo_verl.algo.config_ranges import check_range
 
 #: bits kept of a derived seed (``torch.Generator.manual_seed`` takes a signed 64-bit value)
@@ -27,6 +27,22 @@ _SEED_BITS = 0x7FFF_FFFF_FFFF_FFFF
 
 #: ``(candidate entropies (n,) float32) -> (silenced (n,) bool, threshold or None)``: which candidates a mask silences
 CandidateSelection = Callable[[torch.Tensor], "tuple[torch.Tensor, torch.Tensor | float | None]"]
+
+#: the most elements ``torch.quantile`` accepts (it raises above); :func:`quantile_linear` has no such limit
+TORCH_QUANTILE_MAX_NUMEL = 2**24
+
+
+def quantile_linear(values: torch.Tensor, q) -> torch.Tensor:
+    """``torch.quantile(values, q)`` (linear) without its 2^24-element limit, bit for bit where both run: one sort,
+    rank q·(n − 1) in the values' dtype (float64 above 2^24), ``lerp`` of its neighbours. ``values``: (n,) finite,
+    n ≥ 1; ``q``: a float in [0, 1] (0-d result) or a sequence of them ((len(q),)). Raises ValueError (shape)."""
+    if values.ndim != 1 or values.numel() == 0:
+        raise ValueError(f"quantile_linear needs a non-empty 1-d tensor, got shape {tuple(values.shape)}")
+    n, qs = values.numel(), list(q) if isinstance(q, list | tuple) else [q]
+    ranks = torch.tensor(qs, dtype=values.dtype if n <= TORCH_QUANTILE_MAX_NUMEL else torch.float64) * (n - 1)
+    below, ordered = ranks.long().to(values.device), torch.sort(values).values
+    out = torch.lerp(ordered[below], ordered[ranks.ceil().long().to(values.device)], (ranks - ranks.floor()).to(values))
+    return out if isinstance(q, list | tuple) else out[0]
 
 
 def s2t_ablation_keep_mask(

@@ -1,13 +1,8 @@
-"""The worker methods the upstream series changes in ``verl.workers.engine_workers``: one source for both
-(``upstream/build_series.py`` copies each into the verl class of the same name, verl's decorators kept; CI fails when
-they drift). On verl 0.9.1 the plugin installs them behind dispatchers (:mod:`stapo_verl.integration.verl_0_9_1.worker`).
-
-The pre-pass contract: ``TrainingWorker`` runs two pre-passes per optimizer mini-batch inside the engine's train mode,
-before the engine counts its tokens and splits it (:func:`stapo_verl.core.losses.run_prepare_batch`): first the
-caller's ``prepare_batch_fn`` (``set_loss_fn(loss_fn, prepare_batch_fn=...)`` on either worker: a user's, another
-plugin's, verl PR #7830's KL-Cov selection), then the actor's ``policy_token_mask_fn`` (set by ``init_model`` when
-``policy_loss.token_mask`` is set; ``set_loss_fn`` leaves it alone). The mask runs last: it sees the batch as the
-caller's pre-pass leaves it, and its count (``policy_batch_num_tokens``) is what the loss divides by.
+"""The worker methods the upstream series changes in ``verl.workers.engine_workers`` (one source: copied into verl's
+classes by ``upstream/build_series.py``; the plugin installs them behind the dispatchers of its ``worker`` module).
+Per optimizer mini-batch, inside the engine's train mode and before the engine counts and splits it, the
+caller's ``prepare_batch_fn`` runs, then the actor's ``policy_token_mask_fn`` (set by ``init_model``), whose count the
+loss divides by.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ class TrainingWorker:
     ``self.prepare_batch_fn = None`` and ``self.policy_token_mask_fn = None``)."""
 
     def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
-        """Set the loss, and ``prepare_batch_fn(data, *, engine, dp_group) -> metrics``, which ``train_batch`` runs on
-        each optimizer mini-batch before the engine splits and counts it (before the policy token mask), or None."""
+        """Set the loss and ``prepare_batch_fn(data, *, engine, dp_group) -> metrics``, run before the token mask."""
         self.loss_fn = loss_fn
         self.prepare_batch_fn = prepare_batch_fn
 
@@ -54,9 +48,7 @@ class TrainingWorker:
             self.engine.train_mode(disable_auto_offload=disable_auto_offload),
             Timer(name="train_batch", logger=None) as timer,
         ):
-            # the whole mini-batch, before the engine counts and splits it: the caller's pre-pass, then the mask
-            pre_passes = (self.prepare_batch_fn, self.policy_token_mask_fn)
-            prepare_metrics = run_prepare_batch(pre_passes, data, self.engine)
+            prepare_metrics = run_prepare_batch((self.prepare_batch_fn, self.policy_token_mask_fn), data, self.engine)
             output = self.engine.train_batch(data, loss_function=self.loss_fn)
             # containing loss, model_output and metrics
             # for training, we only care about loss and metrics
@@ -81,8 +73,7 @@ class TrainingWorker:
                 forward_only=False,
                 images_seqlens=images_seqlens,
             ).cpu()
-            # the pre-passes' metrics are global over DP already: they join the reduced ones
-            tu.assign_non_tensor(final_output, metrics={**tu.get(final_output, "metrics"), **prepare_metrics})
+            tu.assign_non_tensor(final_output, metrics={**tu.get(final_output, "metrics"), **prepare_metrics})  # global
         else:
             final_output = None
 
@@ -93,5 +84,4 @@ class ActorRolloutRefWorker:
     """The method the series changes in ``verl.workers.engine_workers.ActorRolloutRefWorker``."""
 
     def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
-        """Set the actor's loss and pre-pass (``TrainingWorker.set_loss_fn``); the actor's policy token mask stays."""
         self.actor.set_loss_fn(loss_fn=loss_fn, prepare_batch_fn=prepare_batch_fn)

@@ -1,11 +1,6 @@
 """The policy-token-mask pre-pass and ``ppo_loss`` with the mask on the policy-gradient term: what the series adds to
-``verl/workers/utils/losses.py`` (copied by ``upstream/build_series.py``; CI fails when they drift).
-
-The pre-pass writes, per optimizer mini-batch and rank, ``policy_loss_mask`` (response layout, like
-``response_mask``; 1 = the token enters the policy-gradient term) and ``policy_batch_num_tokens`` (its sum over the
-mini-batch and the DP group). ``ppo_loss`` calls the policy loss with ``response_mask ∧ policy_loss_mask`` while
-``config.global_batch_info["batch_num_tokens"]`` holds ``policy_batch_num_tokens``, which composes with every
-registered loss and ``loss_agg_mode``; the KL and entropy terms keep ``response_mask`` and ``batch_num_tokens``.
+``verl/workers/utils/losses.py`` (copied by ``upstream/build_series.py``; CI fails when they drift). The KL and
+entropy terms keep ``response_mask`` and ``batch_num_tokens``.
 """
 
 from __future__ import annotations
@@ -15,35 +10,29 @@ import torch.distributed as dist
 from tensordict import TensorDict
 from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from verl.utils import tensordict_utils as tu
-from verl.utils.device import get_device_id, get_device_name, get_torch_device
+from verl.utils.device import get_device_id
 from verl.utils.metric import AggregationType, Metric
 from verl.workers.config import ActorConfig
 from verl.workers.utils.padding import no_padding_2_padding, response_to_nested
 
 from stapo_verl.core import registry as core_algos  # verl: from verl.trainer.ppo import core_algos
 
-#: the mini-batch fields the pre-pass writes (the shared functions below spell them out, as verl's ppo_loss does)
+#: the mini-batch fields the pre-pass writes
 POLICY_LOSS_MASK_KEY = "policy_loss_mask"
 POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 
 def run_prepare_batch(prepare_batch_fns, data: TensorDict, engine) -> dict[str, float]:
-    """Run the pre-passes ``fn(data, engine=engine, dp_group=...) -> metrics`` (None skipped) in order, under one
-    forked RNG, giving every submodule of ``engine.module`` (a module or a list) its ``training`` flag back (a
-    forward in eval mode leaves the update's RNG, dropout and checkpointing alone); returns their metrics merged."""
-    fns = [fn for fn in prepare_batch_fns if fn is not None]
-    if not fns:
+    """Run ``fn(data, *, engine, dp_group) -> metrics`` in order (None skipped); restore every module's ``training``."""
+    if not any(prepare_batch_fns):
         return {}
     roots = getattr(engine, "module", None)
-    roots = roots if isinstance(roots, list | tuple) else [roots]
+    roots = roots if isinstance(roots, list | tuple) else [roots]  # Megatron: a list of model chunks
     flags = [(m, m.training) for root in roots if isinstance(root, torch.nn.Module) for m in root.modules()]
-    device_name = get_device_name()
-    on_device = device_name != "cpu" and get_torch_device().is_available()
     metrics: dict[str, float] = {}
     try:
-        with torch.random.fork_rng(devices=[get_device_id()] if on_device else [], device_type=device_name):
-            for fn in fns:
-                metrics.update(fn(data, engine=engine, dp_group=engine.get_data_parallel_group()))
+        for fn in filter(None, prepare_batch_fns):
+            metrics.update(fn(data, engine=engine, dp_group=engine.get_data_parallel_group()))
     finally:
         for module, training in flags:
             module.training = training
@@ -51,32 +40,25 @@ def run_prepare_batch(prepare_batch_fns, data: TensorDict, engine) -> dict[str, 
 
 
 def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None, engine=None) -> dict[str, float]:
-    """Run ``policy_loss.token_mask`` on this rank's share of an optimizer mini-batch (on ``get_device_id()`` when
-    ``dp_group`` has several ranks); write ``policy_loss_mask`` and ``policy_batch_num_tokens`` (its sum over the
-    group) for ``ppo_loss``; return the mask's metrics. Raises ValueError (unregistered mask), KeyError (a field the
-    mask reads is missing). ``engine``: unused by the registered masks (the pre-pass contract passes it)."""
+    """Write ``policy_loss_mask`` and ``policy_batch_num_tokens`` (its sum over ``dp_group``) of ``token_mask`` for
+    ``ppo_loss``; return the mask's metrics. Raises ValueError (unregistered mask), KeyError (missing field)."""
     mask_fn, fields = core_algos.get_policy_token_mask(config.policy_loss.token_mask)
-    missing = [key for key in fields if key not in data.keys()]
-    if missing:
-        raise KeyError(f"policy_loss.token_mask={config.policy_loss.token_mask!r}: the mini-batch is missing {missing}")
     distributed = dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1
     device = get_device_id() if distributed else None
-    batch = {key: tu.get(data, key) for key in fields}
+    batch = {key: data[key] for key in fields}  # KeyError naming a missing field
     for key, value in batch.items():
         if isinstance(value, torch.Tensor):
             batch[key] = (value.to_padded_tensor(0) if value.is_nested else value).to(device=device)
     keep, metrics = mask_fn(batch, config, dp_group)
     response_mask = data["response_mask"]
     padded_mask = response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask
-    keep = keep.to(padded_mask.device).bool() & padded_mask.bool()
+    keep = (keep.to(padded_mask.device).bool() & padded_mask.bool()).to(response_mask.dtype)
     num_tokens = keep.sum().to(device=device)
     if distributed:
         dist.all_reduce(num_tokens, group=dp_group)
-    keep = keep.to(response_mask.dtype)
     data["policy_loss_mask"] = response_to_nested(keep, response_mask) if response_mask.is_nested else keep
-    num_tokens = num_tokens.item()  # the one count the loss needs on the host, as the engine's batch_num_tokens
-    tu.assign_non_tensor(data, policy_batch_num_tokens=num_tokens)
-    return {**metrics, "actor/policy_batch_num_tokens": float(num_tokens)}
+    tu.assign_non_tensor(data, policy_batch_num_tokens=(count := num_tokens.item()))  # on the host, as verl's
+    return {**metrics, "actor/policy_batch_num_tokens": float(count)}
 
 
 def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None):
@@ -92,16 +74,8 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     config.global_batch_info["batch_num_tokens"] = batch_num_tokens
     config.global_batch_info["global_batch_size"] = data["global_batch_size"]
     config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
-    # the policy token mask (policy_loss.token_mask): written by apply_policy_token_mask for the whole mini-batch
     token_mask = config.policy_loss.get("token_mask", None)
-    if (token_mask is not None) != ("policy_loss_mask" in data.keys()):
-        raise RuntimeError(
-            f"policy_loss.token_mask={token_mask!r} but 'policy_loss_mask' is {'not ' * bool(token_mask)}in the "
-            "micro-batch: apply_policy_token_mask must run exactly when a mask is set"
-        )
-    # the policy-gradient term divides by the kept tokens; the entropy and KL terms below by every valid token
     pg_batch_num_tokens = max(data["policy_batch_num_tokens"], 1) if token_mask is not None else batch_num_tokens
-
     # assumes that if any of the global batch info is set, the policy_loss_fn will
     # normalize using dp_size/global_bsz/global_token; in this case, metric aggregation should be SUM
     # to reflect the mean loss over the global batch
@@ -146,18 +120,16 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
             for x in (old_log_prob, log_prob, advantages, rollout_is_weights)
         )
     config.global_batch_info["batch_num_tokens"] = pg_batch_num_tokens  # the losses read their denominator here
-    try:
-        pg_loss, pg_metrics = policy_loss_fn(
-            old_log_prob=old_log_prob,
-            log_prob=pg_log_prob,
-            advantages=advantages,
-            response_mask=pg_mask,
-            loss_agg_mode=loss_agg_mode,
-            config=config,
-            rollout_is_weights=rollout_is_weights,
-        )
-    finally:  # Σ loss_mask again for the terms below and every later reader, even when the loss raises
-        config.global_batch_info["batch_num_tokens"] = batch_num_tokens
+    pg_loss, pg_metrics = policy_loss_fn(
+        old_log_prob=old_log_prob,
+        log_prob=pg_log_prob,
+        advantages=advantages,
+        response_mask=pg_mask,
+        loss_agg_mode=loss_agg_mode,
+        config=config,
+        rollout_is_weights=rollout_is_weights,
+    )
+    config.global_batch_info["batch_num_tokens"] = batch_num_tokens  # Σ loss_mask again for the terms below
 
     # AggregationType.MEAN for pg metrics: assumes policy_loss_fn normalizes by local_bsz/local_tokens
     # Ex: in compute_policy_loss_vanilla, pg_metrics are pg_clipfrac, ppo_kl, pg_clipfrac_lower

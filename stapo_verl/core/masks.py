@@ -1,8 +1,5 @@
-"""The series' policy token mask ``s2t`` (STAPO's S2T, paper §3, Algorithm 1) and ``loss_mode=stapo`` (verl's
-``vanilla`` surrogate with ``token_mask=s2t``). p and H are the old policy's (``old_log_probs``, ``entropy`` from verl's
-old-log-prob pass), or the current policy's under the same names with ``stats_source=current_minibatch``. The lab's
-masks are in :mod:`stapo_verl.core.lab_masks` (:data:`LAB_MASKS`).
-"""
+"""The series' policy token mask ``s2t`` (STAPO's S2T, paper §3, Algorithm 1; p and H from verl's old-log-prob pass)
+and ``loss_mode=stapo`` (verl's ``vanilla`` surrogate with ``token_mask=s2t``)."""
 
 from __future__ import annotations
 
@@ -15,8 +12,7 @@ from stapo_verl.core.registry import register_policy_token_mask
 S2T_FIELDS = ("old_log_probs", "entropy", "advantages", "response_mask")
 #: ``token_mask`` values built on the S2T candidate population (the ones ``loss_mode=stapo`` accepts)
 S2T_TOKEN_MASKS = ("s2t", "s2t_high_entropy", "s2t_random", "s2t_full")
-#: the masks of the lab (the paper's ablations and the 20-Entropy baseline): registered by :data:`LAB_MASK_MODULE`,
-#: which the policy-loss config imports when it names one (a job that asks for ``s2t`` never loads them)
+#: the lab's masks (the paper's ablations, 20-Entropy), registered by :data:`LAB_MASK_MODULE` when a config names one
 LAB_MASKS = ("s2t_high_entropy", "s2t_random", "s2t_full", "top_entropy")
 LAB_MASK_MODULE = "stapo_verl.core.lab_masks"
 #: every ``token_mask`` stapo-verl registers
@@ -44,20 +40,9 @@ def compute_s2t_token_mask(batch, config, dp_group=None):
 
 
 @register_policy_loss("stapo")
-def compute_policy_loss_stapo(
-    old_log_prob,
-    log_prob,
-    advantages,
-    response_mask,
-    loss_agg_mode: str = "token-mean",
-    config=None,
-    rollout_is_weights=None,
-):
-    """``loss_mode=stapo``: verl's ``vanilla`` PPO surrogate, run with an S2T token mask (the paper's one flag).
-
-    The mask itself is applied around this call by :func:`stapo_verl.core.losses.ppo_loss` (``response_mask`` is
-    already K here and ``batch_num_tokens`` is Σ K). Arguments and return value are those of verl's
-    ``compute_policy_loss_vanilla`` (``verl.trainer.ppo.core_algos``).
+def compute_policy_loss_stapo(*args, config=None, **kwargs):
+    """``loss_mode=stapo``: verl's ``compute_policy_loss_vanilla`` (``verl.trainer.ppo.core_algos``; its arguments
+    and result) with an S2T token mask, which :func:`stapo_verl.core.losses.ppo_loss` applies around this call.
 
     Raises:
         StapoLossError: ``config.policy_loss.token_mask`` is not one of :data:`S2T_TOKEN_MASKS` (e.g. a caller
@@ -70,12 +55,4 @@ def compute_policy_loss_stapo(
             f"policy_loss.token_mask={token_mask!r} (allowed {list(S2T_TOKEN_MASKS)}); without it the run would be "
             "plain vanilla"
         )
-    return compute_policy_loss_vanilla(
-        old_log_prob=old_log_prob,
-        log_prob=log_prob,
-        advantages=advantages,
-        response_mask=response_mask,
-        loss_agg_mode=loss_agg_mode,
-        config=config,
-        rollout_is_weights=rollout_is_weights,
-    )
+    return compute_policy_loss_vanilla(*args, config=config, **kwargs)

@@ -28,19 +28,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from stapo_verl.algo.config_ranges import KEY, StapoConfigError, check_range
-
-
-def check_collapse_warmup(warmup: int, window: int) -> int:
-    """``warmup`` if 2 ≤ ``collapse_warmup_steps`` ≤ ``collapse_window`` (the z-score needs two previous values).
-
-    Raises:
-        StapoConfigError: naming ``collapse_warmup_steps``, its value and the window.
-    """
-    if not 2 <= warmup <= window:
-        raise StapoConfigError(f"{KEY}.collapse_warmup_steps={warmup!r} is out of range: allowed "
-                               f"2 <= collapse_warmup_steps <= collapse_window ({window!r})")
-    return warmup
+from stapo_verl.algo.config_ranges import check_range
+from stapo_verl.diagnostics.config import DIAGNOSTICS_RANGES, check_collapse_warmup
 
 
 #: (signal metric, z metric, warns) in the order they are checked; the total grad norm warns only without the
@@ -73,7 +62,7 @@ class RunningZScore:
     log_scale: bool = False
 
     def __post_init__(self):
-        check_range("collapse_window", self.window)
+        check_range("collapse_window", self.window, DIAGNOSTICS_RANGES)
         check_collapse_warmup(self.warmup, self.window)
         self.history = deque(self.history, maxlen=self.window)
 

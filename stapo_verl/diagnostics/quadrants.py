@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from stapo_verl.algo.s2t import candidate_mask, quantile_linear
+from stapo_verl.algo.s2t import candidate_mask
 from stapo_verl.algo.config_ranges import check_range
+from stapo_verl.algo.selections import quantile_linear
 from stapo_verl.diagnostics.stats import logit_grad_norm_sq_bounds
 
 #: the four quadrants in the order they are reported: (probability, entropy)

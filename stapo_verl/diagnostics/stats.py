@@ -31,7 +31,7 @@ series copies into verl, knows nothing of them. ``benchmarks/bench_diagnostics.p
 the production shape.
 
 Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is ``torch.quantile``'s linear interpolation
-(:func:`stapo_verl.algo.s2t.quantile_linear`, without its 2^24-element limit), as τ_h in
+(:func:`stapo_verl.algo.selections.quantile_linear`, without its 2^24-element limit), as τ_h in
 :func:`stapo_verl.algo.s2t.s2t_keep_mask`; Theorem 3.1 of the paper (after Yang et al. 2025, arXiv 2505.12929) for the
 gradient-norm bounds; verl's ``agg_loss`` (``verl.trainer.ppo.core_algos``) for the per-token weights.
 """
@@ -45,7 +45,8 @@ import torch
 import torch.distributed as dist
 
 from stapo_verl.algo.config_ranges import check_range
-from stapo_verl.algo.s2t import below_tau_p, quantile_linear
+from stapo_verl.algo.s2t import below_tau_p
+from stapo_verl.algo.selections import quantile_linear
 
 #: quantiles of the candidates' entropy logged as ``candidate_entropy_p<100·q>``
 QUANTILES = (0.5, 0.75, 0.95)

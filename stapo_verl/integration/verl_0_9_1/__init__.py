@@ -1,21 +1,9 @@
-"""The masked job's touches of verl 0.9.1's private API (:data:`PATCHES`) and the version gate (install:
-:mod:`.installer`; the options' ledgers and their gate: :mod:`.opt_in_ledger`).
-
-The plugin backports an extension point verl does not have yet (``upstream/``: a policy-token-mask registry, the
-pre-passes in ``TrainingWorker.train_batch``, ``ppo_loss`` applying the mask). Each entry of :data:`PATCHES` says what
-is done, why, what upstream replaces it, when to remove it, and the fingerprint of the verl 0.9.1 symbol (signature;
-for a body the plugin copies or relies on, the sha256 of its source). The gate runs at plugin load, before anything
-is patched, reading verl's source with ``ast`` (nothing imported):
-
-* the verl of :data:`PATCHES`: everything is installed;
-* any other verl: one warning line, nothing patched (nor the CPU platform). Jobs that ask for nothing run as without
-  the plugin; one that asks fails naming both versions, through public registrations only (the config class of the
-  ``_target_`` checks :func:`installed`; ``loss_mode=stapo`` on verl's own config fails at its first call; the
-  verdicts and messages: :mod:`.unsupported`, imported only then);
-* ``STAPO_ALLOW_UNSUPPORTED_VERL=1``: everything is installed anyway, after a loud warning listing every difference.
-
-:class:`IncompatibleVerlError` is a ``BaseException`` because verl's plugin loader (the ``verl.plugins`` loop in
-``verl/__init__.py``) catches ``Exception`` and logs it at DEBUG level.
+"""The masked job's touches of verl 0.9.1's private API (:data:`PATCHES`: what, why, its upstream replacement, and the
+fingerprint of the verl symbol, a signature and for a body it copies or relies on its sha256) and the version gate,
+run at plugin load before anything is patched, reading verl's source with ``ast``. On the verl of :data:`PATCHES`
+everything is installed (:mod:`.installer`); on any other, one warning line and nothing patched: a job that asks for
+nothing runs as without the plugin, one that asks fails naming both versions (:mod:`.unsupported`), unless
+``STAPO_ALLOW_UNSUPPORTED_VERL=1`` installs it anyway after a loud warning. The options' ledgers: :mod:`.opt_in_ledger`.
 """
 
 from __future__ import annotations
@@ -24,12 +12,12 @@ import os
 
 from stapo_verl.ledger import ALLOW_ENV, Patch, fingerprint, ledger_mismatches  # noqa: F401 (fingerprint: API)
 
-
 VERL_VERSION = "0.9.1"
 
 
 class IncompatibleVerlError(BaseException):
-    """A job asks for the plugin, but the installed verl is not the one its patches were written for."""
+    """A job asks for the plugin, but the installed verl is not the one its patches were written for (a
+    ``BaseException``: verl's plugin loader in ``verl/__init__.py`` catches ``Exception`` and logs it at DEBUG)."""
 
 
 _REMOVE = "when the installed verl contains the upstream PR named here (then drop the plugin's backport)"
@@ -38,9 +26,9 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         symbol="verl.workers.engine_workers.TrainingWorker.train_batch",
         action="replaced behind a dispatcher (worker.wrap_train_batch): with a pre-pass, the series' method "
-        "(stapo_verl.core.engine_workers; through the pre-pass's around_train_batch if it has one); else verl's",
-        why="the pre-passes run per optimizer mini-batch inside engine.train_mode, before the engine counts its "
-        "tokens and splits it; the series' method is this body plus those lines, hence the source hash",
+        "(core.engine_workers, or the pre-pass's around_train_batch); else verl's",
+        why="the pre-passes run per optimizer mini-batch inside engine.train_mode, before the engine counts and "
+        "splits it; the series' method is this body plus those lines, hence the source hash",
         upstream="PR A: the same method (upstream/build_series.py copies it into verl's class)",
         remove_when=_REMOVE,
         signature="(self, data: TensorDict) -> TensorDict",
@@ -57,10 +45,9 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         symbol="verl.workers.engine_workers.ActorRolloutRefWorker.init_model",
-        action="wrapped (worker.wrap_init_model): after verl's body, for a masked job, the actor's loss becomes "
-        "partial(core.losses.ppo_loss, config=actor_config) and its policy_token_mask_fn "
-        "partial(apply_policy_token_mask, actor_config), actor_config being the one verl bound to its ppo_loss "
-        "(hence the source hash; distillation's loss is refused)",
+        action="wrapped (worker.wrap_init_model): after verl's body, a masked actor gets core.losses.ppo_loss and "
+        "the mask pre-pass as its policy_token_mask_fn, on the actor config verl bound to its ppo_loss (hence the "
+        "source hash)",
         why="verl builds the actor's loss and config here; the series' pre-pass takes the actor config",
         upstream="PR A: verl's ppo_loss applies the mask; init_model sets the actor's policy_token_mask_fn",
         remove_when=_REMOVE,
@@ -71,16 +58,14 @@ PATCHES: tuple[Patch, ...] = (
         symbol="verl.workers.engine_workers.TrainingWorker.set_loss_fn",
         action="replaced behind a dispatcher (worker.replace_set_loss_fn, keeping verl's @register attributes): "
         "the series' set_loss_fn(loss_fn, prepare_batch_fn=None) once a pre-pass is passed or set; else verl's",
-        why="the series' pre-pass contract: prepare_batch_fn(data, *, engine, dp_group) runs per optimizer "
-        "mini-batch, before the actor's policy_token_mask_fn (core.losses.run_prepare_batch)",
+        why="the series' pre-pass contract: prepare_batch_fn runs per optimizer mini-batch, before the mask",
         upstream="PR A: the same method",
         remove_when=_REMOVE,
         signature="(self, loss_fn)",
     ),
     Patch(
         symbol="verl.workers.engine_workers.ActorRolloutRefWorker.set_loss_fn",
-        action="replaced behind a dispatcher (worker.replace_actor_set_loss_fn): the series' set_loss_fn(loss_fn, "
-        "prepare_batch_fn=None) once a pre-pass is passed or the actor has one; else verl's",
+        action="replaced as TrainingWorker.set_loss_fn is (worker.replace_set_loss_fn)",
         why="a recipe or another plugin sets its own pre-pass; the actor's mask stays, so the two compose",
         upstream="PR A: the same method",
         remove_when=_REMOVE,
@@ -91,17 +76,14 @@ PATCHES: tuple[Patch, ...] = (
         action="wrapped (driver_config.wrap_validate_config); a job without a token mask: verl's function",
         why="on the driver, before verl builds a config object: point policy_loss._target_ at the plugin's config "
         "class, then check the keys the mask depends on",
-        upstream="PR A declares token_mask in PolicyLossConfig and actor.yaml (no _target_), PR B the s2t_* keys, "
-        "checked in __post_init__ as dro_beta is; the cross-key checks have no counterpart (a batch without the "
-        "declared fields raises a KeyError naming them)",
+        upstream="PR A and PR B declare the keys in PolicyLossConfig and actor.yaml (no _target_)",
         remove_when=_REMOVE,
         signature="(config: DictConfig, use_reference_policy: bool, use_critic: bool) -> None",
     ),
     Patch(
         symbol="verl.trainer.main_ppo.run_ppo",
         action="wrapped (driver_config.wrap_run_ppo); a job without a token mask: verl's function",
-        why="the same _target_ fill for entry points that call run_ppo without validate_config "
-        "(verl.experimental.fully_async_policy)",
+        why="the same _target_ fill for entry points that skip validate_config (verl.experimental.fully_async_policy)",
         upstream="nothing: with PR A there is no _target_ to fill",
         remove_when=_REMOVE,
         signature="(config, task_runner_class) -> None",
@@ -109,23 +91,16 @@ PATCHES: tuple[Patch, ...] = (
 )
 
 
-def _verl_root() -> str:
-    import verl
-
-    return os.path.dirname(os.path.abspath(verl.__file__))
-
-
 def installed_verl_version() -> str:
-    """verl's own version string (``verl/version/version``, what ``verl.__version__`` reads)."""
-    with open(os.path.join(_verl_root(), "version", "version"), encoding="utf-8") as f:
+    """verl's own version string (``verl/version/version``, what ``verl.__version__`` reads; verl is not imported)."""
+    from stapo_verl.ledger import module_file
+
+    with open(os.path.join(os.path.dirname(module_file("verl")), "version", "version"), encoding="utf-8") as f:
         return f.read().strip()
 
 
 def mismatches() -> list[str]:
-    """Every difference between the installed verl and what :data:`PATCHES` was written for, in ledger order.
-
-    The version comes first when it differs; then one line per symbol whose signature or source differs.
-    """
+    """Every difference between the installed verl and :data:`PATCHES`: the version first, then one line per symbol."""
     problems = []
     found = installed_verl_version()
     if found != VERL_VERSION:
@@ -139,8 +114,8 @@ def allowed_anyway() -> bool:
 
 
 def installed() -> bool:
-    """Whether :func:`.installer.install` put the integration in place in this process (read from verl: the
-    ``validate_config`` wrapper, its first and eager patch, carries the ``__stapo_integration__`` mark)."""
+    """Whether :func:`.installer.install` put the integration in place in this process (its first patch, the
+    ``validate_config`` wrapper, carries the ``__stapo_integration__`` mark)."""
     import verl.utils.config as verl_config
 
     return bool(getattr(verl_config.validate_config, "__stapo_integration__", False))

@@ -1,9 +1,7 @@
 """Driver-side wrappers of ``verl.utils.config.validate_config`` and ``verl.trainer.main_ppo.run_ppo`` (ledger:
-:data:`stapo_verl.integration.verl_0_9_1.PATCHES`): for a job that asks, they fill ``policy_loss._target_``
-(:func:`.policy_loss.checks.fill_policy_loss_target`; ``validate_config`` also runs the cross-key checks) on the
-``DictConfig`` Ray then ships, and set :data:`.job.OPT_INS_ENV` to the options asked for before Ray starts (in the
-driver's environment and in the job's Ray ``runtime_env``). A job that asks for nothing gets verl's function, its
-arguments and its result, its config untouched.
+:data:`..PATCHES`): for a job that asks, they fill ``policy_loss._target_`` (:mod:`.policy_loss.checks`) on the
+``DictConfig`` Ray then ships, and set :data:`.job.OPT_INS_ENV` to the options asked for before Ray starts. A job that
+asks for nothing gets verl's function, its arguments and its result, its config untouched.
 """
 
 from __future__ import annotations
@@ -11,15 +9,14 @@ from __future__ import annotations
 import functools
 import os
 
-# stapo_verl.core (hence verl) is imported where it is used: loading the plugin imports this module, and a process
-# whose first import is this module must not start verl's plugin loading before the functions below exist.
+# verl is imported where it is used: a process whose first import is this module must not start verl's plugin
+# loading (which imports this module) before the functions below exist.
 
 _MARK = "__stapo_integration__"
 
 
 def _asks(config) -> bool:
-    """Gate the options ``config`` asks for and set (or clear) :data:`.job.OPT_INS_ENV`; whether the job asks for
-    a mask."""
+    """Gate the options ``config`` asks for, set (or clear) :data:`.job.OPT_INS_ENV`; whether it asks for a mask."""
     from stapo_verl.integration.verl_0_9_1.job import OPT_INS_ENV, asks_for_extras, job_request, opt_ins_of
 
     names = opt_ins_of(config)  # also checks trainer.reproducible's type, before Ray
@@ -37,21 +34,22 @@ def _asks(config) -> bool:
 
 
 def _ship_to_ray(config, name: str, value: str) -> None:
-    """Set ``ray_kwargs.ray_init.runtime_env.env_vars.<name>``, which ``run_ppo``'s ``ray.init`` hands every process
-    of the job, also on a cluster started before it (``ray start``, ``RAY_ADDRESS``), where the driver's own
-    environment does not reach the workers."""
-    from omegaconf import DictConfig, open_dict
+    """Set ``ray_kwargs.ray_init.runtime_env.env_vars.<name>`` for ``run_ppo``'s ``ray.init``: a cluster started
+    before the job (``ray start``, ``RAY_ADDRESS``) does not inherit the driver's environment."""
+    from omegaconf import DictConfig, OmegaConf
 
-    node = config
-    for key in ("ray_kwargs", "ray_init", "runtime_env", "env_vars"):
-        if not isinstance(node, DictConfig):
-            return
-        with open_dict(node):
-            if node.get(key, None) is None:
-                node[key] = {}
-        node = node[key]
-    with open_dict(node):
-        node[name] = value
+    if isinstance(config, DictConfig):
+        OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}", value, force_add=True)
+
+
+def _before(config, symbol: str, check: str) -> None:
+    """For a job that asks: record the ledger's ``symbol`` acting and run ``policy_loss.checks.<check>(config)``."""
+    if _asks(config):
+        from stapo_verl.integration.verl_0_9_1.job import record_acted
+        from stapo_verl.integration.verl_0_9_1.policy_loss import checks
+
+        record_acted(symbol)
+        getattr(checks, check)(config)
 
 
 def wrap_validate_config(orig):
@@ -59,16 +57,7 @@ def wrap_validate_config(orig):
 
     @functools.wraps(orig)
     def validate_config(config, *args, **kwargs):
-        from stapo_verl.integration.verl_0_9_1.job import record_acted
-
-        if not _asks(config):
-            return orig(config, *args, **kwargs)
-        record_acted("verl.utils.config.validate_config")
-        from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
-        from stapo_verl.integration.verl_0_9_1.policy_loss.checks import fill_policy_loss_target
-
-        fill_policy_loss_target(config)
-        validate_token_mask_config(config)
+        _before(config, "verl.utils.config.validate_config", "validate_token_mask_config")
         return orig(config, *args, **kwargs)
 
     setattr(validate_config, _MARK, True)
@@ -80,14 +69,7 @@ def wrap_run_ppo(orig):
 
     @functools.wraps(orig)
     def run_ppo(config, *args, **kwargs):
-        from stapo_verl.integration.verl_0_9_1.job import record_acted
-
-        if not _asks(config):
-            return orig(config, *args, **kwargs)
-        record_acted("verl.trainer.main_ppo.run_ppo")
-        from stapo_verl.integration.verl_0_9_1.policy_loss.checks import fill_policy_loss_target
-
-        fill_policy_loss_target(config)
+        _before(config, "verl.trainer.main_ppo.run_ppo", "fill_policy_loss_target")
         return orig(config, *args, **kwargs)
 
     setattr(run_ppo, _MARK, True)
@@ -95,8 +77,7 @@ def wrap_run_ppo(orig):
 
 
 def install_validate_config() -> None:
-    """Wrap ``verl.utils.config.validate_config`` (idempotent). Runs inside ``import verl``, before
-    ``verl.trainer.main_ppo`` binds the name with ``from verl.utils.config import validate_config``."""
+    """Wrap ``verl.utils.config.validate_config`` (idempotent), inside ``import verl``: before ``main_ppo`` binds it."""
     import verl.utils.config as verl_config
 
     if not getattr(verl_config.validate_config, _MARK, False):

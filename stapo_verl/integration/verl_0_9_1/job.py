@@ -1,10 +1,7 @@
-"""What a job asks of the plugin, decided from its config (the one rule every wrapper applies), and the audit record.
-
-A job asks with a policy token mask (``loss_mode=stapo`` or a ``token_mask``: :func:`asks_for_mask`); each option has
-its own key and is loaded only when asked: the diagnostics (``mask_statistics``, ``dump_tokens``),
-``+trainer.reproducible=True``, the worker-side extras (``stats_source=current_minibatch``, ``s2t_random``). Options with
-wrappers in other Ray processes reach them as :data:`OPT_INS_ENV`, set on the driver before Ray starts. With
-``STAPO_AUDIT_DIR=<dir>`` each wrapper that acts creates ``<dir>/<pid>.<ledger symbol>`` (:func:`record_acted`).
+"""What a job asks of the plugin, from its config: the one rule every wrapper applies (:func:`asks_for_mask`) and
+each option's own key, loaded only when asked (the diagnostics, ``+trainer.reproducible=True``, the worker-side
+extras); the options reach other Ray processes as :data:`OPT_INS_ENV`, set on the driver before Ray starts. The audit
+record: :func:`record_acted`.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ AUDIT_ENV = "STAPO_AUDIT_DIR"
 #: the options whose wrappers a process installs at plugin load, comma-separated (:func:`opt_ins_from_env`)
 OPT_INS_ENV = "STAPO_VERL_OPT_INS"
 OPT_INS = ("diagnostics", "reproducible")
-#: where the decision is cached on a verl object (ledger: the ``state kept on the instance`` entries)
+#: where :func:`request_of` caches the decision on a verl object
 REQUEST_ATTR = "_stapo_request"
 _POLICY_LOSS = "actor_rollout_ref.actor.policy_loss"
 #: loss modes of earlier stapo-verl versions → the ``token_mask`` that replaced them; the config refuses them in one line
@@ -32,15 +29,15 @@ class TokenMaskIntegrationError(RuntimeError):
 
 @dataclass(frozen=True)
 class JobRequest:
-    """What one job asks: ``masked`` (:func:`asks_for_mask`), ``reproducible`` (:data:`REPRODUCIBLE_KEY`),
-    ``diagnostics`` (:func:`asks_for_diagnostics`)."""
+    """What one job asks (:func:`asks_for_mask`, :data:`REPRODUCIBLE_KEY`, :func:`asks_for_diagnostics`)."""
 
     masked: bool = False
     reproducible: bool = False
     diagnostics: bool = False
 
 
-def _get(config, dotted: str, default=None):
+def config_value(config, dotted: str, default=None):
+    """``config``'s value at the dotted key (a mapping, ``DictConfig`` or object at each level); ``default`` if None."""
     node = config
     for part in dotted.split("."):
         if node is None:
@@ -52,30 +49,27 @@ def _get(config, dotted: str, default=None):
 def asks_for_mask(policy_loss) -> bool:
     """The one rule: ``loss_mode=stapo``, a ``token_mask``, or a replaced loss mode (refused with the fix when the
     config is built). ``policy_loss``: a ``DictConfig``, a mapping or a ``PolicyLossConfig``. Raises nothing."""
-    loss_mode = _get(policy_loss, "loss_mode", "vanilla")
-    return loss_mode == "stapo" or loss_mode in REPLACED_LOSS_MODES or _get(policy_loss, "token_mask") is not None
+    loss_mode = config_value(policy_loss, "loss_mode", "vanilla")
+    return loss_mode == "stapo" or loss_mode in REPLACED_LOSS_MODES or config_value(policy_loss, "token_mask") is not None
 
 
 def asks_for_diagnostics(policy_loss) -> bool:
     """A masked job with ``mask_statistics`` or ``dump_tokens`` (both default off). Raises nothing."""
-    return asks_for_mask(policy_loss) and bool(_get(policy_loss, "mask_statistics", False) or
-                                               _get(policy_loss, "dump_tokens", False))
+    return asks_for_mask(policy_loss) and bool(config_value(policy_loss, "mask_statistics", False) or
+                                               config_value(policy_loss, "dump_tokens", False))
 
 
 def asks_for_extras(policy_loss) -> bool:
     """Whether the mask pre-pass needs the plugin's options around it (:mod:`.training_worker`): the diagnostics,
     ``stats_source=current_minibatch`` or ``token_mask=s2t_random`` (it reads the mini-batch index). Raises nothing."""
     return asks_for_diagnostics(policy_loss) or (asks_for_mask(policy_loss) and (
-        _get(policy_loss, "stats_source") == "current_minibatch" or _get(policy_loss, "token_mask") == "s2t_random"))
+        config_value(policy_loss, "stats_source") == "current_minibatch" or config_value(policy_loss, "token_mask") == "s2t_random"))
 
 
 def reproducible_of(config) -> bool:
-    """:data:`REPRODUCIBLE_KEY` of a full trainer config (False when absent).
-
-    Raises:
-        stapo_verl.algo.config_ranges.StapoConfigError: not a boolean; naming the key, the value and the fix.
-    """
-    value = _get(config, REPRODUCIBLE_KEY, False)
+    """:data:`REPRODUCIBLE_KEY` of a full trainer config (False when absent); raises
+    :class:`~stapo_verl.algo.config_ranges.StapoConfigError` when it is not a boolean, naming the fix."""
+    value = config_value(config, REPRODUCIBLE_KEY, False)
     if isinstance(value, bool):
         return value
     from stapo_verl.algo.config_ranges import StapoConfigError
@@ -87,7 +81,7 @@ def reproducible_of(config) -> bool:
 
 def job_request(config) -> JobRequest:
     """The :class:`JobRequest` of a full trainer config (raises as :func:`reproducible_of`)."""
-    policy_loss = _get(config, _POLICY_LOSS)
+    policy_loss = config_value(config, _POLICY_LOSS)
     return JobRequest(masked=policy_loss is not None and asks_for_mask(policy_loss),
                       reproducible=reproducible_of(config),
                       diagnostics=policy_loss is not None and asks_for_diagnostics(policy_loss))
@@ -114,7 +108,7 @@ def request_of(obj, config) -> JobRequest:
 
 
 def record_acted(symbol: str) -> None:
-    """Create ``<STAPO_AUDIT_DIR>/<pid>.<symbol>`` when the variable is set (a wrapper's acting path only).
+    """With ``STAPO_AUDIT_DIR=<dir>``, create ``<dir>/<pid>.<symbol>`` (a wrapper's acting path; the ledger symbol).
     Raises OSError when the directory is not writable."""
     directory = os.environ.get(AUDIT_ENV)
     if directory:

@@ -291,3 +291,24 @@ def check_opt_in(name: str, asked_by: str) -> None:
         from stapo_verl.integration.verl_0_9_1.unsupported import raise_unless_allowed
 
         raise_unless_allowed(problems, asked_by)
+
+
+#: the post-import hooks of each option of :data:`.job.OPT_INS` (installed only when a job asks for it)
+OPT_IN_HOOKS = MappingProxyType({
+    "diagnostics": (("verl.trainer.ppo.v1.trainer_base", "trainer:patch_trainer_base"),),
+    "reproducible": (("verl.experimental.agent_loop.agent_loop", "determinism:patch_agent_loop"),
+                     ("verl.trainer.ppo.v1.trainer_base", "determinism:patch_trainer_base")),
+})
+
+
+def install_opt_in(name: str) -> None:
+    """Install the wrappers of the option ``name`` (a key of :data:`OPT_IN_HOOKS`) as post-import hooks
+    (idempotent). The plugin's installer calls it at load for the options :data:`.job.OPT_INS_ENV` names.
+
+    Raises:
+        KeyError: ``name`` is not an option.
+    """
+    from wrapt import register_post_import_hook
+
+    for module, hook in OPT_IN_HOOKS[name]:
+        register_post_import_hook(f"{gate.__name__}.{hook}", module)

@@ -1,9 +1,7 @@
-"""The series' worker wiring on verl 0.9.1's ``verl.workers.engine_workers`` (ledger:
-:data:`stapo_verl.integration.verl_0_9_1.PATCHES`). The methods are :mod:`stapo_verl.core.engine_workers` (one source:
-``upstream/build_series.py`` copies them into verl's classes), each behind a dispatcher that hands a worker without a
-pre-pass verl's own method, its arguments and its result; ``init_model`` gives a masked actor the series' loss and
-mask pre-pass (:func:`wrap_init_model`). A pre-pass object with ``around_train_batch(worker, data, train_batch)`` (the
-plugin's options, :class:`.training_worker.StapoPrepareBatch`) runs the series' ``train_batch`` itself.
+"""The series' worker methods (:mod:`stapo_verl.core.engine_workers`) on verl 0.9.1's ``engine_workers`` (ledger:
+:data:`..PATCHES`), each behind a dispatcher that hands a worker without a pre-pass verl's own method; ``init_model``
+gives a masked actor the series' loss and mask pre-pass. A pre-pass with ``around_train_batch(worker, data,
+train_batch)`` (the plugin's options, :class:`.training_worker.StapoPrepareBatch`) runs the series' method itself.
 """
 
 from __future__ import annotations
@@ -48,46 +46,27 @@ def wrap_train_batch(orig):
     return train_batch
 
 
-def replace_set_loss_fn(orig):
-    """``TrainingWorker.set_loss_fn`` as the series shapes it, keeping ``orig``'s name and verl's ``@register``
+def replace_set_loss_fn(orig, cls_name: str = "TrainingWorker"):
+    """``<cls_name>.set_loss_fn(loss_fn, prepare_batch_fn=None)`` as the series shapes it (``TrainingWorker``, or
+    ``ActorRolloutRefWorker``, whose actor keeps its mask), keeping ``orig``'s name and verl's ``@register``
     attributes; verl's own method while no pre-pass is set or passed."""
 
     @functools.wraps(orig)
     def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
-        if prepare_batch_fn is None and "prepare_batch_fn" not in self.__dict__:
+        holder = self if cls_name == "TrainingWorker" else self.actor
+        if prepare_batch_fn is None and "prepare_batch_fn" not in holder.__dict__:
             return orig(self, loss_fn)
-        record_acted(_PREFIX + "TrainingWorker.set_loss_fn")
-        return series.TrainingWorker.set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
-
-    setattr(set_loss_fn, _MARK, True)
-    return set_loss_fn
-
-
-def replace_actor_set_loss_fn(orig):
-    """``ActorRolloutRefWorker.set_loss_fn(loss_fn, prepare_batch_fn=None)`` as the series shapes it (the actor's
-    mask stays); verl's own method while no pre-pass is set or passed."""
-
-    @functools.wraps(orig)
-    def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
-        if prepare_batch_fn is None and "prepare_batch_fn" not in self.actor.__dict__:
-            return orig(self, loss_fn)
-        record_acted(_PREFIX + "ActorRolloutRefWorker.set_loss_fn")
-        return series.ActorRolloutRefWorker.set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
+        record_acted(f"{_PREFIX}{cls_name}.set_loss_fn")
+        return getattr(series, cls_name).set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
 
     setattr(set_loss_fn, _MARK, True)
     return set_loss_fn
 
 
 def wrap_init_model(orig, verl_ppo_loss):
-    """``ActorRolloutRefWorker.init_model``: after verl's body, the masked loss and the mask pre-pass (module doc).
-
-    Args:
-        orig: verl's ``init_model``.
-        verl_ppo_loss: ``verl.workers.engine_workers.ppo_loss``, the function verl binds the actor config to.
-
-    Raises:
-        TokenMaskIntegrationError: a token mask with another loss (distillation's ``distillation_ppo_loss``).
-    """
+    """``ActorRolloutRefWorker.init_model`` (``orig``): after verl's body, the masked loss and the mask pre-pass, built
+    on the actor config verl bound to ``verl_ppo_loss`` (``engine_workers.ppo_loss``). Raises
+    TokenMaskIntegrationError for a token mask with another loss (distillation's ``distillation_ppo_loss``)."""
 
     @functools.wraps(orig)
     def init_model(self, *args, **kwargs):
@@ -122,16 +101,8 @@ def patch_engine_workers(module) -> None:
     """Post-import hook of ``verl.workers.engine_workers``: install the dispatchers above (idempotent)."""
     cls, arr = module.TrainingWorker, module.ActorRolloutRefWorker
     for owner, name, make in ((cls, "train_batch", wrap_train_batch), (cls, "set_loss_fn", replace_set_loss_fn),
-                              (arr, "set_loss_fn", replace_actor_set_loss_fn),
+                              (arr, "set_loss_fn", lambda orig: replace_set_loss_fn(orig, "ActorRolloutRefWorker")),
                               (arr, "init_model", lambda orig: wrap_init_model(orig, module.ppo_loss))):
         if not getattr(getattr(owner, name), _MARK, False):
             setattr(owner, name, make(getattr(owner, name)))
 
-
-def is_installed() -> bool:
-    """True if this process's ``verl.workers.engine_workers`` carries the dispatchers (imports that module)."""
-    import verl.workers.engine_workers as ew
-
-    return all(getattr(m, _MARK, False) for m in (ew.TrainingWorker.train_batch, ew.TrainingWorker.set_loss_fn,
-                                                  ew.ActorRolloutRefWorker.init_model,
-                                                  ew.ActorRolloutRefWorker.set_loss_fn))

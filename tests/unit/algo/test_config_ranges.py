@@ -25,6 +25,7 @@ from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
 )
 from stapo_verl.integration.verl_0_9_1.policy_loss.checks import validate_token_mask_config
 from stapo_verl.diagnostics.collapse import RunningZScore
+from stapo_verl.diagnostics.config import DIAGNOSTICS_RANGES
 from stapo_verl.diagnostics.quadrants import quadrant_masks
 from stapo_verl.diagnostics.stats import log10_p_edges, mask_statistics
 
@@ -99,8 +100,9 @@ def test_library_preconditions_are_the_configs_check():
         assert _error(RunningZScore, window=window, warmup=warmup) == _config_error(
             loss_mode="stapo", mask_statistics=True, collapse_window=window, collapse_warmup_steps=warmup)
     defaults = StapoPolicyLossConfig()
-    for key, rule in RANGES.items():  # every range says what it allows and admits the default
-        assert rule.allowed and check_range(key, getattr(defaults, key)) == getattr(defaults, key), key
+    for ranges in (RANGES, DIAGNOSTICS_RANGES):  # every range says what it allows and admits the default
+        for key, rule in ranges.items():
+            assert rule.allowed and check_range(key, getattr(defaults, key), ranges) == getattr(defaults, key), key
 
 
 def test_the_megatron_pipeline_rule_is_one_check_for_the_config_and_the_extra_forward(monkeypatch):

@@ -30,3 +30,18 @@ def test_the_probe_counts_the_plugins_modules_and_its_wrappers():
     assert not any(m.startswith(("stapo_verl.launch", "stapo_verl.cpu")) for m in probe["modules"])
     assert "verl.workers.engine_workers.TrainingWorker.train_batch" in probe["wrappers"]
     assert all(n > 0 for n in probe["modules"].values())
+
+
+def test_a_masked_job_and_the_prs_stay_within_the_limits():
+    """The sizes the project set itself (``LIMITS``): lines a masked job loads, ledger entries, wrappers, and the
+    committed PR A / PR B production lines; none of the options' modules is loaded by a job that asks for the mask."""
+    with benchmark_module("bench_series_size") as bench:
+        probe, prs, limits = bench.probe(), bench.pr_sizes(), bench.LIMITS
+    got = {"lines": sum(probe["modules"].values()), "ledger": probe["ledger"], "wrappers": len(probe["wrappers"]),
+           **prs}
+    assert {k: v for k, v in got.items() if not 0 <= v <= limits[k]} == {}, got
+    options = ("training_worker", "trainer", "determinism", "opt_in_ledger", "engine_grads", "unsupported")
+    loaded = set(probe["modules"])
+    assert not {f"stapo_verl.integration.verl_0_9_1.{m}" for m in options} & loaded
+    assert not {"stapo_verl.ledger_follow", "stapo_verl.core.lab_masks", "stapo_verl.algo.selections"} & loaded
+    assert not any(m.startswith(("stapo_verl.diagnostics", "stapo_verl.minibatch")) for m in loaded)

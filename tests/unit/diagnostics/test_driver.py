@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import stapo_verl.plugin  # noqa: F401  (installs the integration, as verl's entry point does)
-from stapo_verl.integration.verl_0_9_1.installer import install_opt_in
+from stapo_verl.integration.verl_0_9_1.opt_in_ledger import install_opt_in
 from stapo_verl.diagnostics.shipping import PAYLOAD_KEY, REQUEST_KEY, DiagnosticsPayload
 from stapo_verl.diagnostics.stats import Histogram
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import stapo_target

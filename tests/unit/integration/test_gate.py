@@ -11,7 +11,7 @@ from stapo_verl.integration.verl_0_9_1.opt_in_ledger import OPT_IN_PATCHES, all_
 from stapo_verl.ledger import Patch
 from stapo_verl.integration.verl_0_9_1 import IncompatibleVerlError, fingerprint, mismatches
 from stapo_verl.integration.verl_0_9_1.unsupported import check_verl
-from stapo_verl.integration.verl_0_9_1 import installer
+from stapo_verl.integration.verl_0_9_1 import installer, opt_in_ledger
 
 
 def test_installed_verl_matches_the_ledger():
@@ -82,8 +82,8 @@ def test_every_ledger_entry_is_installed_and_nothing_else_is_patched():
     # the actor's loss is swapped by init_model for a masked job only: the module-level name stays verl's
     assert engine_workers.ppo_loss is losses.ppo_loss and losses.ppo_loss is not core_losses.ppo_loss
     # the options' wrappers: installed by their own install (at plugin load when STAPO_VERL_OPT_INS names them)
-    installer.install_opt_in("diagnostics")
-    installer.install_opt_in("reproducible")
+    opt_in_ledger.install_opt_in("diagnostics")
+    opt_in_ledger.install_opt_in("reproducible")
     for name in ("_update_actor", "_save_checkpoint", "_load_checkpoint", "_build_replay_buffer"):
         assert getattr(getattr(trainer_base.PPOTrainer, name), mark, False), name
     assert getattr(agent_loop.AgentLoopWorker._run_agent_loop, mark, False)
@@ -129,5 +129,5 @@ def test_the_options_that_travel_to_ray_are_the_ones_with_hooks_and_ledgers():
     name the same options: one with hooks but no name would never be installed, one named without hooks is a no-op."""
     from stapo_verl.integration.verl_0_9_1 import job
 
-    assert tuple(installer.OPT_IN_HOOKS) == job.OPT_INS
+    assert tuple(opt_in_ledger.OPT_IN_HOOKS) == job.OPT_INS
     assert set(job.OPT_INS) <= set(OPT_IN_PATCHES)

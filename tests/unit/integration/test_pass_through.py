@@ -127,7 +127,7 @@ def test_pass_through_set_loss_fn_and_init_model(plain_config, audit):
     assert vars(actor) == {}
     worker = SimpleNamespace(actor=actor)
     spy = Spy()
-    assert worker_patches.replace_actor_set_loss_fn(spy)(worker, loss) is spy.result
+    assert worker_patches.replace_set_loss_fn(spy, "ActorRolloutRefWorker")(worker, loss) is spy.result
     _same(spy.calls[0], (worker, loss), {})
     actor.set_loss_fn = Spy()
     worker = SimpleNamespace(actor=actor, config=plain_config.actor_rollout_ref, loss_fn=loss)

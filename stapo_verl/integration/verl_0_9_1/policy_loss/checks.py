@@ -1,7 +1,6 @@
-"""The driver's work on a composed trainer config that asks for a token mask, before Ray (the ``validate_config`` and
-``run_ppo`` wrappers, :mod:`..driver_config`): the ``_target_`` fill (:func:`fill_policy_loss_target`) and the
-cross-key checks (:func:`validate_token_mask_config`). What the series does instead: verl's ``PolicyLossConfig`` has
-the keys (no ``_target_``), and a batch without the fields the mask declares raises a ``KeyError`` naming them."""
+"""The driver's work on a composed trainer config that asks for a token mask, before Ray (:mod:`..driver_config`'s
+wrappers): the ``_target_`` fill (:func:`fill_policy_loss_target`; the series has the keys in verl's own config) and
+the cross-key checks (:func:`validate_token_mask_config`)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from omegaconf import DictConfig, open_dict, read_write
 from verl.workers.config.actor import PolicyLossConfig
 
 from stapo_verl.algo.config_ranges import ACTOR, KEY, StapoConfigError
-from stapo_verl.integration.verl_0_9_1.job import asks_for_mask
+from stapo_verl.integration.verl_0_9_1.job import asks_for_mask, config_value
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import (
     StapoPolicyLossConfig,
     require_plugin_loaded,
@@ -25,65 +24,45 @@ RENAMED_KEYS = MappingProxyType({"tau_p": "s2t_tau_p", "entropy_quantile": "s2t_
 VERL_DEFAULT_TARGET = "verl.workers.config.PolicyLossConfig"
 
 
-def _get(config, dotted: str, default=None):
-    value = config
-    for part in dotted.split("."):
-        value = value.get(part, None) if hasattr(value, "get") else None
-    return default if value is None else value
-
-
 def validate_token_mask_config(config) -> None:
-    """Cross-key checks of a trainer config (OmegaConf ``DictConfig``) with a token mask, after
-    :func:`fill_policy_loss_target`; nothing for a config without one.
+    """:func:`fill_policy_loss_target`, then the cross-key checks of a trainer config (OmegaConf ``DictConfig``) with a
+    token mask; nothing for a config without one.
 
     Raises:
-        StapoConfigError: a renamed key has a value; ``_target_`` is not the plugin's class; the mask's statistics
-            need verl's v1 old-log-prob pass (``trainer.use_v1=True``, ``rollout_correction.bypass_mode=False``);
-            ``stats_source=current_minibatch`` with Megatron pipeline parallelism; distillation is enabled.
+        StapoConfigError: as :func:`fill_policy_loss_target`; the mask's statistics need verl's v1 old-log-prob pass
+            (``trainer.use_v1=True``, ``rollout_correction.bypass_mode=False``); ``stats_source=current_minibatch``
+            with Megatron pipeline parallelism; distillation is enabled.
         StapoNotRegisteredError: the plugin is not loaded in this process.
     """
-    from hydra.utils import get_class
-
-    pl = _get(config, KEY)
+    pl = config_value(config, KEY)
     if pl is None or not asks_for_mask(pl):
         return
     require_plugin_loaded()
-    check_renamed_keys(pl)
-    target = _get(pl, "_target_", "")
-    try:
-        ours = issubclass(get_class(str(target)), StapoPolicyLossConfig)
-    except Exception:  # not importable, or not a class
-        ours = False
-    if not ours:
-        raise StapoConfigError(f"{KEY}: loss_mode={_get(pl, 'loss_mode')}, token_mask={_get(pl, 'token_mask')} need "
-                               f"{KEY}._target_={stapo_target()} (got {target!r})")
-    if not bool(_get(config, "trainer.use_v1", True)):
+    fill_policy_loss_target(config)
+    if not bool(config_value(config, "trainer.use_v1", True)):
         raise StapoConfigError("the token mask reads the old-log-prob pass (old_log_probs, entropy) of verl's v1 "
                                "trainer: set trainer.use_v1=True")
-    if bool(_get(config, "algorithm.rollout_correction.bypass_mode", False)):
+    if bool(config_value(config, "algorithm.rollout_correction.bypass_mode", False)):
         raise StapoConfigError("the token mask needs verl's old-log-prob pass (old_log_probs and entropy), which "
                                "algorithm.rollout_correction.bypass_mode=True skips: set it to False")
-    if _get(pl, "stats_source") == "current_minibatch" and _get(config, f"{ACTOR}.strategy", "") == "megatron":
+    if config_value(pl, "stats_source") == "current_minibatch" and config_value(config, f"{ACTOR}.strategy", "") == "megatron":
         from stapo_verl.minibatch.current_policy import check_current_minibatch_pipeline
 
-        check_current_minibatch_pipeline(int(_get(config, f"{ACTOR}.megatron.pipeline_model_parallel_size", 1)))
-    if _get(config, "distillation.enabled", False):
+        check_current_minibatch_pipeline(int(config_value(config, f"{ACTOR}.megatron.pipeline_model_parallel_size", 1)))
+    if config_value(config, "distillation.enabled", False):
         raise StapoConfigError(f"{KEY}.token_mask is not supported with distillation.enabled=True: verl's "
                                "distillation loss builds its policy-gradient term without the mask")
-    if bool(_get(config, f"{ACTOR}.calculate_entropy", False)):
+    if bool(config_value(config, f"{ACTOR}.calculate_entropy", False)):
         logger.warning("%s.calculate_entropy=True is not needed by the token mask (it reads the old-log-prob pass's "
                        "entropy); it makes verl compute a gradient-carrying entropy in every training forward. Set it "
                        "to False.", ACTOR)
-    if float(_get(config, f"{ACTOR}.entropy_coeff", 0.0) or 0.0) != 0.0:
+    if float(config_value(config, f"{ACTOR}.entropy_coeff", 0.0) or 0.0) != 0.0:
         logger.warning("STAPO is defined without an entropy bonus; %s.entropy_coeff is non-zero.", ACTOR)
 
 
 def check_renamed_keys(values) -> None:
-    """Raise on a key of :data:`RENAMED_KEYS` with a value in a policy-loss node (a mapping), naming the new key.
-
-    Raises:
-        StapoConfigError: e.g. ``tau_p`` → ``s2t_tau_p``, with the fix.
-    """
+    """Raise StapoConfigError on a key of :data:`RENAMED_KEYS` with a value in a policy-loss node (a mapping), naming
+    the new key (``tau_p`` → ``s2t_tau_p``) and the fix."""
     for old, new in RENAMED_KEYS.items():
         if values.get(old, None) is not None:
             raise StapoConfigError(f"{KEY}.{old}={values.get(old)!r}: the key was renamed to {KEY}.{new}. Fix: "

@@ -1,11 +1,6 @@
 """verl 0.9.1's ``PolicyLossConfig`` plus the token-mask keys (the upstream series adds them to verl's own class, and
-this module goes).
-
-:class:`StapoPolicyLossConfig` is selected through ``policy_loss._target_``, which the plugin fills on the driver when
-``loss_mode=stapo`` or a ``token_mask`` is set (:func:`.checks.fill_policy_loss_target`), or through the Hydra options
-``actor/stapo_<engine>_actor``. The allowed values of every key live in :mod:`stapo_verl.algo.config_ranges`; the
-cross-key checks of a whole trainer config in :mod:`.checks`. Source: STAPO paper (arXiv 2602.15620) §3 and §5 for
-the defaults; verl ``verl.workers.config.PolicyLossConfig``.
+this module goes), selected through ``policy_loss._target_`` (filled on the driver: :mod:`.checks`) or the Hydra
+options ``actor/stapo_<engine>_actor``. Allowed values: :mod:`stapo_verl.algo.config_ranges`.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ class StapoNotRegisteredError(RuntimeError):
 
 def require_plugin_loaded(asked_by: str = f"{KEY} (loss_mode=stapo or a token_mask)") -> None:
     """Raise unless ``stapo_verl.plugin`` installed the verl integration in this process (checked wherever the config
-    is built: the driver and every worker, so that no process trains without the mask).
+    is built, so that no process trains without the mask).
 
     Raises:
         stapo_verl.integration.verl_0_9_1.IncompatibleVerlError: the installed verl is not the plugin's.
@@ -71,9 +66,8 @@ class StapoPolicyLossConfig(PolicyLossConfig):
     """verl's ``PolicyLossConfig`` plus the policy-token-mask keys; built on the driver and in every actor worker.
 
     Attributes:
-        token_mask: a registered policy token mask for the policy-gradient term of any ``loss_mode`` (``s2t``,
-            ``s2t_high_entropy``, ``s2t_random``, ``s2t_full``, ``top_entropy``) or None; ``loss_mode=stapo`` is
-            ``vanilla`` with ``s2t`` (the default then).
+        token_mask: a registered policy token mask for the policy-gradient term of any ``loss_mode``, or None;
+            ``loss_mode=stapo`` is ``vanilla`` with an S2T mask (``s2t`` by default).
         s2t_tau_p: τ_p, a candidate has p < τ_p; 0 < τ_p < 1, default 0.002 (paper §5).
         s2t_entropy_quantile: q, τ_h = Quantile_q of the candidates' entropy; 0 < q ≤ 1, default 0.75 (paper §3).
         stats_source: ``old_policy`` (verl's old-log-prob pass) or ``current_minibatch`` (one no-grad forward per

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from verl.trainer.ppo.s2t_mask import candidate_mask, gather_candidates, quantile_linear, s2t_keep_mask
+from verl.trainer.ppo.s2t_mask import candidate_mask, gather_candidates, s2t_keep_mask
 
 TAU_P = 0.1
 LOG_SMALL = math.log(0.05)  # p = 0.05 < τ_p
@@ -65,8 +65,6 @@ def test_keep_mask_closed_form():
             "actor/stapo/nonfinite_tokens": 0.0,
             "actor/stapo/renorm_factor": 7 / 4,
             "actor/stapo/tau_h": 0.4,
-            "actor/stapo/masked_p_mean": 0.05,
-            "actor/stapo/masked_entropy_mean": 0.2,
         }
     )
 
@@ -79,15 +77,18 @@ def test_tau_h_interpolates_linearly_as_torch_quantile():
     assert metrics["actor/stapo/tau_h"] == pytest.approx(0.325) and keep.tolist() == [[True, False, False, False]]
 
 
-def test_tau_h_has_no_size_limit_and_equals_torch_quantile_where_both_run():
+def test_tau_h_is_torch_quantile_of_the_candidates():
+    # P = 0 .. 1000, shuffled: Quantile_0.75 = 0.75 · 1000 = 750 exactly; the 750 candidates below it are silenced
     generator = torch.Generator().manual_seed(0)
-    values = torch.rand(1001, generator=generator)
-    assert torch.equal(quantile_linear(values, 0.75), torch.quantile(values, 0.75))
-    n = 2**24 + 3  # torch.quantile refuses more than 2^24 elements
-    values = torch.randperm(n, generator=generator).double()  # 0 .. n - 1: Quantile_q = q (n - 1)
-    with pytest.raises(RuntimeError):
-        torch.quantile(values, 0.75)
-    assert quantile_linear(values, 0.75).item() == 0.75 * (n - 1)
+    entropy = torch.randperm(1001, generator=generator).float().reshape(1, -1)
+    ones, log_prob = torch.ones_like(entropy), torch.full_like(entropy, LOG_SMALL)
+    keep, metrics = s2t_keep_mask(log_prob, entropy, ones, ones, tau_p=TAU_P, q=0.75)
+    assert metrics["actor/stapo/tau_h"] == 750.0 and metrics["actor/stapo/num_masked"] == 750
+    assert torch.equal(keep, entropy >= 750)
+    # any population: τ_h is torch.quantile's value (linear interpolation), bit for bit
+    entropy = torch.rand(1, 1001, generator=generator)
+    _, metrics = s2t_keep_mask(log_prob, entropy, ones, ones, tau_p=TAU_P, q=0.3)
+    assert metrics["actor/stapo/tau_h"] == torch.quantile(entropy.reshape(-1), 0.3).item()
 
 
 def test_ties_at_the_threshold_are_kept():
