@@ -11,8 +11,6 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["ALLOW_ENV", "Patch", "fingerprint", "ledger_mismatches", "module_file"]
-
 #: set to 1 to load the plugin on another verl version, or to run past any ledger's gate (the gates then only warn)
 ALLOW_ENV = "STAPO_ALLOW_UNSUPPORTED_VERL"
 

@@ -10,20 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-#: the config node of the policy-loss keys
-KEY = "actor_rollout_ref.actor.policy_loss"
-#: the actor's config node
-ACTOR = "actor_rollout_ref.actor"
+#: the config nodes of the actor and of its policy-loss keys
+ACTOR, KEY = "actor_rollout_ref.actor", "actor_rollout_ref.actor.policy_loss"
 
 
 class StapoConfigError(ValueError):
-    """An invalid value; the message names the full config key and what is allowed.
-
-    Attributes:
-        key: the full config key, when one key is at fault (None for a cross-key rule).
-        value: its value.
-        allowed: what :data:`RANGES` allows for it (None when the message says it).
-    """
+    """An invalid value; the message names the full config key and what is allowed. Attributes: ``key`` (the full
+    key; None for a cross-key rule), ``value``, ``allowed`` (what its range allows; None when the message says it)."""
 
     def __init__(self, message: str, *, key: str | None = None, value: Any = None, allowed: str | None = None):
         super().__init__(message)
@@ -46,14 +39,14 @@ RANGES = types.MappingProxyType({
 })
 
 
-def check_range(key: str, value, ranges=RANGES):
-    """``value`` if it is allowed for ``actor_rollout_ref.actor.policy_loss.<key>`` (``ranges``: :data:`RANGES`).
+def check_range(key: str, value, table=RANGES):
+    """``value`` if it is allowed for ``actor_rollout_ref.actor.policy_loss.<key>`` (``table``: :data:`RANGES`).
 
     Raises:
         StapoConfigError: naming the key, the value and what is allowed.
         KeyError: ``key`` has no range here.
     """
-    rule = ranges[key]
+    rule = table[key]
     if not rule.test(value):
         raise StapoConfigError(f"{KEY}.{key}={value!r} is out of range: allowed {rule.allowed}",
                                key=f"{KEY}.{key}", value=value, allowed=rule.allowed)
@@ -73,14 +66,14 @@ TYPES = types.MappingProxyType({
 })
 
 
-def check_type(key: str, value, types=TYPES):
-    """``value`` if it has the type of ``actor_rollout_ref.actor.policy_loss.<key>`` (``types``: :data:`TYPES`).
+def check_type(key: str, value, table=TYPES):
+    """``value`` if it has the type of ``actor_rollout_ref.actor.policy_loss.<key>`` (``table``: :data:`TYPES`).
 
     Raises:
         StapoConfigError: naming the key, the value, its type and what is allowed (a quoted number is a string).
         KeyError: ``key`` has no type here.
     """
-    kinds, allowed = types[key]
+    kinds, allowed = table[key]
     if isinstance(value, bool) != (bool in kinds) or not isinstance(value, kinds):
         raise StapoConfigError(f"{KEY}.{key}={value!r} ({type(value).__name__}): allowed {allowed}",
                                key=f"{KEY}.{key}", value=value, allowed=allowed)

@@ -24,14 +24,15 @@ POLICY_BATCH_NUM_TOKENS_KEY = "policy_batch_num_tokens"
 
 def run_prepare_batch(prepare_batch_fns, data: TensorDict, engine) -> dict[str, float]:
     """Run ``fn(data, *, engine, dp_group) -> metrics`` in order (None skipped); restore every module's ``training``."""
-    if not any(prepare_batch_fns):
+    fns = [fn for fn in prepare_batch_fns if fn is not None]
+    if not fns:
         return {}
     roots = getattr(engine, "module", None)
     roots = roots if isinstance(roots, list | tuple) else [roots]  # Megatron: a list of model chunks
     flags = [(m, m.training) for root in roots if isinstance(root, torch.nn.Module) for m in root.modules()]
     metrics: dict[str, float] = {}
     try:
-        for fn in filter(None, prepare_batch_fns):
+        for fn in fns:
             metrics.update(fn(data, engine=engine, dp_group=engine.get_data_parallel_group()))
     finally:
         for module, training in flags:
@@ -41,11 +42,15 @@ def run_prepare_batch(prepare_batch_fns, data: TensorDict, engine) -> dict[str, 
 
 def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None, engine=None) -> dict[str, float]:
     """Write ``policy_loss_mask`` and ``policy_batch_num_tokens`` (its sum over ``dp_group``) of ``token_mask`` for
-    ``ppo_loss``; return the mask's metrics. Raises ValueError (unregistered mask), KeyError (missing field)."""
+    ``ppo_loss``; return the mask's metrics. ``engine``: unused (the pre-pass contract passes it). Raises ValueError
+    (unregistered mask), KeyError (a field the mask reads is missing)."""
     mask_fn, fields = core_algos.get_policy_token_mask(config.policy_loss.token_mask)
+    missing = [key for key in fields if key not in data.keys()]
+    if missing:
+        raise KeyError(f"policy_loss.token_mask={config.policy_loss.token_mask!r}: the mini-batch is missing {missing}")
     distributed = dp_group is not None and dist.is_initialized() and dist.get_world_size(dp_group) > 1
     device = get_device_id() if distributed else None
-    batch = {key: data[key] for key in fields}  # KeyError naming a missing field
+    batch = {key: tu.get(data, key) for key in fields}
     for key, value in batch.items():
         if isinstance(value, torch.Tensor):
             batch[key] = (value.to_padded_tensor(0) if value.is_nested else value).to(device=device)
@@ -53,11 +58,11 @@ def apply_policy_token_mask(config: ActorConfig, data: TensorDict, dp_group=None
     response_mask = data["response_mask"]
     padded_mask = response_mask.to_padded_tensor(0) if response_mask.is_nested else response_mask
     keep = (keep.to(padded_mask.device).bool() & padded_mask.bool()).to(response_mask.dtype)
-    num_tokens = keep.sum().to(device=device)
+    num_tokens = keep.sum(dtype=torch.int64).to(device=device)
     if distributed:
         dist.all_reduce(num_tokens, group=dp_group)
     data["policy_loss_mask"] = response_to_nested(keep, response_mask) if response_mask.is_nested else keep
-    tu.assign_non_tensor(data, policy_batch_num_tokens=(count := num_tokens.item()))  # on the host, as verl's
+    tu.assign_non_tensor(data, policy_batch_num_tokens=(count := num_tokens.item()))  # as verl's batch_num_tokens
     return {**metrics, "actor/policy_batch_num_tokens": float(count)}
 
 
@@ -74,7 +79,7 @@ def ppo_loss(config: ActorConfig, model_output, data: TensorDict, dp_group=None)
     config.global_batch_info["batch_num_tokens"] = batch_num_tokens
     config.global_batch_info["global_batch_size"] = data["global_batch_size"]
     config.global_batch_info["loss_scale_factor"] = config.loss_scale_factor
-    token_mask = config.policy_loss.get("token_mask", None)
+    token_mask = config.policy_loss.get("token_mask", None)  # the PG term divides by the kept tokens, KL/entropy by all
     pg_batch_num_tokens = max(data["policy_batch_num_tokens"], 1) if token_mask is not None else batch_num_tokens
     # assumes that if any of the global batch info is set, the policy_loss_fn will
     # normalize using dp_size/global_bsz/global_token; in this case, metric aggregation should be SUM

@@ -40,7 +40,8 @@ def compute_s2t_token_mask(batch, config, dp_group=None):
 
 
 @register_policy_loss("stapo")
-def compute_policy_loss_stapo(*args, config=None, **kwargs):
+def compute_policy_loss_stapo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode: str = "token-mean",
+                              config=None, rollout_is_weights=None):
     """``loss_mode=stapo``: verl's ``compute_policy_loss_vanilla`` (``verl.trainer.ppo.core_algos``; its arguments
     and result) with an S2T token mask, which :func:`stapo_verl.core.losses.ppo_loss` applies around this call.
 
@@ -55,4 +56,6 @@ def compute_policy_loss_stapo(*args, config=None, **kwargs):
             f"policy_loss.token_mask={token_mask!r} (allowed {list(S2T_TOKEN_MASKS)}); without it the run would be "
             "plain vanilla"
         )
-    return compute_policy_loss_vanilla(*args, config=config, **kwargs)
+    return compute_policy_loss_vanilla(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+                                       response_mask=response_mask, loss_agg_mode=loss_agg_mode, config=config,
+                                       rollout_is_weights=rollout_is_weights)

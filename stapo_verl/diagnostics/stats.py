@@ -31,9 +31,9 @@ series copies into verl, knows nothing of them. ``benchmarks/bench_diagnostics.p
 the production shape.
 
 Source: STAPO (arXiv 2602.15620) §3 for P, τ_p and τ_h; the quantile is ``torch.quantile``'s linear interpolation
-(:func:`stapo_verl.algo.selections.quantile_linear`, without its 2^24-element limit), as τ_h in
-:func:`stapo_verl.algo.s2t.s2t_keep_mask`; Theorem 3.1 of the paper (after Yang et al. 2025, arXiv 2505.12929) for the
-gradient-norm bounds; verl's ``agg_loss`` (``verl.trainer.ppo.core_algos``) for the per-token weights.
+(:func:`stapo_verl.algo.selections.quantile_linear`, without its 2^24-element limit), the same as τ_h in
+:func:`stapo_verl.algo.s2t.s2t_keep_mask` wherever the mask runs (it raises above 2^24 candidates); Theorem 3.1 of
+the paper (after Yang et al. 2025, arXiv 2505.12929) for the gradient-norm bounds; verl's ``agg_loss`` (``verl.trainer.ppo.core_algos``) for the per-token weights.
 """
 
 from __future__ import annotations

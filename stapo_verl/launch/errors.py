@@ -75,7 +75,8 @@ def config_cause(exc: BaseException) -> BaseException:
 
 def _passes(name: str, value) -> bool:
     """True when ``value`` is allowed for the policy-loss key ``name`` (its range in
-    :data:`stapo_verl.algo.config_ranges.RANGES` or the diagnostics'; a key without one allows any value of its type)."""
+    :data:`stapo_verl.algo.config_ranges.RANGES` or the diagnostics'; a key without one allows any value of its
+    type)."""
     from stapo_verl.algo.config_ranges import RANGES
     from stapo_verl.diagnostics.config import DIAGNOSTICS_RANGES
 

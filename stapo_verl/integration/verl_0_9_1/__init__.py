@@ -95,7 +95,9 @@ def installed_verl_version() -> str:
     """verl's own version string (``verl/version/version``, what ``verl.__version__`` reads; verl is not imported)."""
     from stapo_verl.ledger import module_file
 
-    with open(os.path.join(os.path.dirname(module_file("verl")), "version", "version"), encoding="utf-8") as f:
+    if (init := module_file("verl")) is None:
+        raise ModuleNotFoundError(f"verl is not installed; stapo-verl needs verl=={VERL_VERSION}")
+    with open(os.path.join(os.path.dirname(init), "version", "version"), encoding="utf-8") as f:
         return f.read().strip()
 
 

@@ -42,14 +42,14 @@ def _ship_to_ray(config, name: str, value: str) -> None:
         OmegaConf.update(config, f"ray_kwargs.ray_init.runtime_env.env_vars.{name}", value, force_add=True)
 
 
-def _before(config, symbol: str, check: str) -> None:
-    """For a job that asks: record the ledger's ``symbol`` acting and run ``policy_loss.checks.<check>(config)``."""
+def _before(config, symbol: str, validate: bool) -> None:
+    """For a job that asks: record the ledger's ``symbol`` acting and fill ``_target_`` (``validate``: and check)."""
     if _asks(config):
         from stapo_verl.integration.verl_0_9_1.job import record_acted
         from stapo_verl.integration.verl_0_9_1.policy_loss import checks
 
         record_acted(symbol)
-        getattr(checks, check)(config)
+        (checks.validate_token_mask_config if validate else checks.fill_policy_loss_target)(config)
 
 
 def wrap_validate_config(orig):
@@ -57,7 +57,7 @@ def wrap_validate_config(orig):
 
     @functools.wraps(orig)
     def validate_config(config, *args, **kwargs):
-        _before(config, "verl.utils.config.validate_config", "validate_token_mask_config")
+        _before(config, "verl.utils.config.validate_config", validate=True)
         return orig(config, *args, **kwargs)
 
     setattr(validate_config, _MARK, True)
@@ -69,7 +69,7 @@ def wrap_run_ppo(orig):
 
     @functools.wraps(orig)
     def run_ppo(config, *args, **kwargs):
-        _before(config, "verl.trainer.main_ppo.run_ppo", "fill_policy_loss_target")
+        _before(config, "verl.trainer.main_ppo.run_ppo", validate=False)
         return orig(config, *args, **kwargs)
 
     setattr(run_ppo, _MARK, True)

@@ -50,7 +50,8 @@ def asks_for_mask(policy_loss) -> bool:
     """The one rule: ``loss_mode=stapo``, a ``token_mask``, or a replaced loss mode (refused with the fix when the
     config is built). ``policy_loss``: a ``DictConfig``, a mapping or a ``PolicyLossConfig``. Raises nothing."""
     loss_mode = config_value(policy_loss, "loss_mode", "vanilla")
-    return loss_mode == "stapo" or loss_mode in REPLACED_LOSS_MODES or config_value(policy_loss, "token_mask") is not None
+    token_mask = config_value(policy_loss, "token_mask")
+    return loss_mode == "stapo" or loss_mode in REPLACED_LOSS_MODES or token_mask is not None
 
 
 def asks_for_diagnostics(policy_loss) -> bool:
@@ -62,8 +63,9 @@ def asks_for_diagnostics(policy_loss) -> bool:
 def asks_for_extras(policy_loss) -> bool:
     """Whether the mask pre-pass needs the plugin's options around it (:mod:`.training_worker`): the diagnostics,
     ``stats_source=current_minibatch`` or ``token_mask=s2t_random`` (it reads the mini-batch index). Raises nothing."""
-    return asks_for_diagnostics(policy_loss) or (asks_for_mask(policy_loss) and (
-        config_value(policy_loss, "stats_source") == "current_minibatch" or config_value(policy_loss, "token_mask") == "s2t_random"))
+    extras = (config_value(policy_loss, "stats_source") == "current_minibatch"
+              or config_value(policy_loss, "token_mask") == "s2t_random")
+    return asks_for_diagnostics(policy_loss) or (asks_for_mask(policy_loss) and extras)
 
 
 def reproducible_of(config) -> bool:
@@ -89,8 +91,7 @@ def job_request(config) -> JobRequest:
 
 def opt_ins_of(config) -> tuple[str, ...]:
     """The options of :data:`OPT_INS` a full trainer config asks for (raises as :func:`reproducible_of`)."""
-    request = job_request(config)
-    return tuple(name for name in OPT_INS if getattr(request, name))
+    return tuple(name for name in OPT_INS if getattr(job_request(config), name))
 
 
 def opt_ins_from_env() -> tuple[str, ...]:

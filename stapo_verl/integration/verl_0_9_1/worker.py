@@ -46,18 +46,20 @@ def wrap_train_batch(orig):
     return train_batch
 
 
-def replace_set_loss_fn(orig, cls_name: str = "TrainingWorker"):
+def replace_set_loss_fn(orig, cls_name: str):
     """``<cls_name>.set_loss_fn(loss_fn, prepare_batch_fn=None)`` as the series shapes it (``TrainingWorker``, or
     ``ActorRolloutRefWorker``, whose actor keeps its mask), keeping ``orig``'s name and verl's ``@register``
     attributes; verl's own method while no pre-pass is set or passed."""
 
+    series_method, actor = getattr(series, cls_name).set_loss_fn, cls_name == "ActorRolloutRefWorker"
+
     @functools.wraps(orig)
     def set_loss_fn(self, loss_fn, prepare_batch_fn=None):
-        holder = self if cls_name == "TrainingWorker" else self.actor
+        holder = self.actor if actor else self
         if prepare_batch_fn is None and "prepare_batch_fn" not in holder.__dict__:
             return orig(self, loss_fn)
         record_acted(f"{_PREFIX}{cls_name}.set_loss_fn")
-        return getattr(series, cls_name).set_loss_fn(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
+        return series_method(self, loss_fn, prepare_batch_fn=prepare_batch_fn)
 
     setattr(set_loss_fn, _MARK, True)
     return set_loss_fn
@@ -100,7 +102,8 @@ def wrap_init_model(orig, verl_ppo_loss):
 def patch_engine_workers(module) -> None:
     """Post-import hook of ``verl.workers.engine_workers``: install the dispatchers above (idempotent)."""
     cls, arr = module.TrainingWorker, module.ActorRolloutRefWorker
-    for owner, name, make in ((cls, "train_batch", wrap_train_batch), (cls, "set_loss_fn", replace_set_loss_fn),
+    for owner, name, make in ((cls, "train_batch", wrap_train_batch),
+                              (cls, "set_loss_fn", lambda orig: replace_set_loss_fn(orig, "TrainingWorker")),
                               (arr, "set_loss_fn", lambda orig: replace_set_loss_fn(orig, "ActorRolloutRefWorker")),
                               (arr, "init_model", lambda orig: wrap_init_model(orig, module.ppo_loss))):
         if not getattr(getattr(owner, name), _MARK, False):

@@ -122,7 +122,7 @@ def test_pass_through_set_loss_fn_and_init_model(plain_config, audit):
     actor = SimpleNamespace()
     spy = Spy()
     loss = object()
-    assert worker_patches.replace_set_loss_fn(spy)(actor, loss) is spy.result
+    assert worker_patches.replace_set_loss_fn(spy, "TrainingWorker")(actor, loss) is spy.result
     _same(spy.calls[0], (actor, loss), {})
     assert vars(actor) == {}
     worker = SimpleNamespace(actor=actor)

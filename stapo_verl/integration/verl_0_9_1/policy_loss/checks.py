@@ -45,7 +45,8 @@ def validate_token_mask_config(config) -> None:
     if bool(config_value(config, "algorithm.rollout_correction.bypass_mode", False)):
         raise StapoConfigError("the token mask needs verl's old-log-prob pass (old_log_probs and entropy), which "
                                "algorithm.rollout_correction.bypass_mode=True skips: set it to False")
-    if config_value(pl, "stats_source") == "current_minibatch" and config_value(config, f"{ACTOR}.strategy", "") == "megatron":
+    megatron = config_value(config, f"{ACTOR}.strategy", "") == "megatron"
+    if megatron and config_value(pl, "stats_source") == "current_minibatch":
         from stapo_verl.minibatch.current_policy import check_current_minibatch_pipeline
 
         check_current_minibatch_pipeline(int(config_value(config, f"{ACTOR}.megatron.pipeline_model_parallel_size", 1)))

@@ -1,13 +1,7 @@
-"""Hydra config-group options ``actor/stapo_dp_actor`` and ``actor/stapo_megatron_actor``: the mask keys without ``+``.
-
-Selected like any verl actor config (``ppo_trainer.yaml``'s ``- actor@actor_rollout_ref.actor: ${model_engine}_actor``)::
-
-    python -m verl.trainer.main_ppo ... 'actor@actor_rollout_ref.actor=stapo_${model_engine}_actor' \\
-        actor_rollout_ref.actor.policy_loss.s2t_tau_p=0.01
-
-Each is ``defaults: [<engine>_actor, _self_]`` plus ``policy_loss._target_``, ``loss_mode: stapo``, ``token_mask: s2t``
-and every other field :class:`~.config.StapoPolicyLossConfig` adds, with its default (a misspelt key fails in Hydra).
-Stored in Hydra's ``ConfigStore`` at plugin import, before ``@hydra.main`` composes (Hydra 1.3 "Config Store API").
+"""Hydra options ``actor/stapo_dp_actor`` and ``actor/stapo_megatron_actor`` (the mask keys without ``+``), selected
+like any verl actor config: ``'actor@actor_rollout_ref.actor=stapo_${model_engine}_actor'``. Each is verl's
+``<engine>_actor`` plus ``policy_loss._target_``, ``loss_mode: stapo``, ``token_mask: s2t`` and every other field of
+:class:`~.config.StapoPolicyLossConfig` with its default; stored in Hydra's ``ConfigStore`` at plugin import.
 """
 
 from __future__ import annotations
@@ -15,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from omegaconf import MISSING
 from verl.workers.config.actor import PolicyLossConfig
 
 from stapo_verl.integration.verl_0_9_1.policy_loss.config import StapoPolicyLossConfig, stapo_target
@@ -31,10 +26,11 @@ def option_name(engine: str) -> str:
 
 
 def stapo_policy_loss_keys() -> dict[str, Any]:
-    """The fields :class:`StapoPolicyLossConfig` adds to verl's ``PolicyLossConfig`` (all with a plain default), mapped
-    to their defaults (from ``dataclasses.fields``, so a field added later is declared too)."""
-    inherited = {f.name for f in dataclasses.fields(PolicyLossConfig)}
-    return {f.name: f.default for f in dataclasses.fields(StapoPolicyLossConfig) if f.name not in inherited}
+    """The fields :class:`StapoPolicyLossConfig` adds to verl's ``PolicyLossConfig``, mapped to their defaults (from
+    ``dataclasses.fields``, so a field added later is declared too; without a default: OmegaConf's ``???``)."""
+    inherited, nothing = {f.name for f in dataclasses.fields(PolicyLossConfig)}, dataclasses.MISSING
+    return {f.name: f.default if f.default is not nothing else f.default_factory() if f.default_factory is not nothing
+            else MISSING for f in dataclasses.fields(StapoPolicyLossConfig) if f.name not in inherited}
 
 
 def actor_option_node(engine: str) -> dict[str, Any]:
