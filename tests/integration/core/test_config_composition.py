@@ -211,10 +211,11 @@ def test_keys_are_derived_from_the_dataclass(monkeypatch):
     @dataclasses.dataclass
     class Later(StapoPolicyLossConfig):
         new_knob: float = 0.5
+        new_list: list = dataclasses.field(default_factory=lambda: [1, 2])
 
     monkeypatch.setattr(hydra_options, "StapoPolicyLossConfig", Later)
     keys = hydra_options.stapo_policy_loss_keys()
-    assert keys["new_knob"] == 0.5 and set(keys) == _declared() | {"new_knob"}
+    assert keys["new_knob"] == 0.5 and keys["new_list"] == [1, 2] and set(keys) == _declared() | {"new_knob", "new_list"}
     assert hydra_options.actor_option_node("dp")["defaults"] == ["dp_actor", "_self_"]
     with pytest.raises(ValueError, match="model_engine='vllm'"):
         hydra_options.option_name("vllm")

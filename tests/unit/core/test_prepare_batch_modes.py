@@ -80,4 +80,7 @@ def test_pre_passes_run_in_order_on_the_update_rng_and_metrics_merge_in_order():
     metrics = run_prepare_batch((first, None, second), {}, _engine(None))
     assert order == [("first", draws[0]), ("second", draws[1])]  # in order, drawing from the update's state
     assert metrics == {"a": 1.0, "b": 2.0, "shared": 2.0}
+    order.clear()  # any iterable of pre-passes, a generator included: each runs once, in order
+    assert run_prepare_batch((fn for fn in (first, None, second)), {}, _engine(None)) == metrics
+    assert [name for name, _ in order] == ["first", "second"]
     assert run_prepare_batch((None, None), {}, _engine(None)) == {}
