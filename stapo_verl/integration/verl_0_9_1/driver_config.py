@@ -17,9 +17,10 @@ _MARK = "__stapo_integration__"
 
 def _asks(config) -> bool:
     """Gate the options ``config`` asks for, set (or clear) :data:`.job.OPT_INS_ENV`; whether it asks for a mask."""
-    from stapo_verl.integration.verl_0_9_1.job import OPT_INS_ENV, asks_for_extras, job_request, opt_ins_of
+    from stapo_verl.integration.verl_0_9_1.job import OPT_INS, OPT_INS_ENV, asks_for_extras, job_request
 
-    names = opt_ins_of(config)  # also checks trainer.reproducible's type, before Ray
+    request = job_request(config)  # also checks trainer.reproducible's type, before Ray
+    names = tuple(name for name in OPT_INS if getattr(request, name))
     policy_loss = config.get("actor_rollout_ref", {}).get("actor", {}).get("policy_loss", None)
     for name in names + (("extras",) if policy_loss is not None and asks_for_extras(policy_loss) else ()):
         from stapo_verl.integration.verl_0_9_1.opt_in_ledger import check_opt_in  # only when an option is asked
@@ -30,7 +31,7 @@ def _asks(config) -> bool:
         _ship_to_ray(config, OPT_INS_ENV, ",".join(names))
     else:
         os.environ.pop(OPT_INS_ENV, None)
-    return job_request(config).masked
+    return request.masked
 
 
 def _ship_to_ray(config, name: str, value: str) -> None:

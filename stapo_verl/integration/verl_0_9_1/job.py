@@ -89,11 +89,6 @@ def job_request(config) -> JobRequest:
                       diagnostics=policy_loss is not None and asks_for_diagnostics(policy_loss))
 
 
-def opt_ins_of(config) -> tuple[str, ...]:
-    """The options of :data:`OPT_INS` a full trainer config asks for (raises as :func:`reproducible_of`)."""
-    return tuple(name for name in OPT_INS if getattr(job_request(config), name))
-
-
 def opt_ins_from_env() -> tuple[str, ...]:
     """The options :data:`OPT_INS_ENV` names (unknown names ignored; unset: none)."""
     named = {n.strip() for n in os.environ.get(OPT_INS_ENV, "").split(",")}
