@@ -43,10 +43,10 @@ def install() -> bool:
     here = gate.__name__
     register_post_import_hook(f"{here}.driver_config:patch_main_ppo", "verl.trainer.main_ppo")
     register_post_import_hook(f"{here}.worker:patch_engine_workers", "verl.workers.engine_workers")
-    if opt_ins_from_env():  # the options' wrappers, only for a job that asked for them
+    if names := opt_ins_from_env():  # the options' wrappers, only for a job that asked for them
         from stapo_verl.integration.verl_0_9_1.opt_in_ledger import install_opt_in
 
-        for name in opt_ins_from_env():
+        for name in names:
             install_opt_in(name)
     register_hydra_options()
     return True
